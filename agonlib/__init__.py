@@ -1,0 +1,34 @@
+"""agonlib — Agon: competitive cross-model RL with implicit rival grading.
+
+The public API (DESIGN.md §7). Heavy modules (torch, transformers) load on first
+use, so ``import agonlib`` stays fast for the CLI and the notebooks' first cell.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "load_config": "config",
+    "Config": "config",
+    "ConfigError": "config",
+    "load_policies": "models",
+    "Policies": "models",
+    "split_completion": "parsing",
+    "extract_summary": "parsing",
+    "grade_math": "verify",
+    "grade_code": "sandbox",
+}
+_SUBMODULES = ("results",)
+
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'agonlib' has no attribute {name!r}")

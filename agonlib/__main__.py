@@ -1,0 +1,190 @@
+"""Command line: ``python -m agonlib <command> --help``.
+
+Commands:
+
+* ``train``      — a training run (a profile or YAML, an experiment cell, overrides).
+* ``eval``       — final evaluation of a run directory (or a config's untrained policies).
+* ``solve``      — the cascade of a trained run on one problem: draft summary and final answer.
+* ``round``      — one draft → summary → challenge round, printed readably.
+* ``reproduce``  — the README's main job on a profile (see the README's status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import textwrap
+import time
+
+from .config import ConfigError, load_config, parse_override
+
+
+def _config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", default="cpu", help="profile name or YAML path (default: cpu)")
+    parser.add_argument("--cell", default=None, help="an experiment cell of experiments/cells.yaml, e.g. agon")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key (repeatable), e.g. --set steps=4")
+
+
+def _load(args) -> object:
+    overrides = dict(parse_override(item) for item in args.overrides)
+    return load_config(args.profile, cell=args.cell, **overrides)
+
+
+def _block(title: str, text: str, width: int = 96) -> str:
+    body = "\n".join(textwrap.fill(line, width, subsequent_indent="  ") if line else ""
+                     for line in (text.strip() or "(empty)").splitlines())
+    return f"── {title} " + "─" * max(0, width - len(title) - 4) + "\n" + body
+
+
+def cmd_round(args) -> int:
+    from .data import load_problems
+    from .game import play_round
+    from .models import load_policies
+
+    config = _load(args).replace(problems_per_step=args.problems, num_generations=args.generations)
+    kw = {"levels": config.levels} if config.dataset == "synthetic" else {}
+    problems = load_problems(config.dataset, "train", n=config.problems_per_step, seed=config.seed, **kw)
+    print(f"Loading {config.model} (profile {config.profile}) …", flush=True)
+    policies = load_policies(config)
+    print(f"  {policies.backend} backend, {policies.device}, {policies.dtype}, "
+          f"loaded in {policies.load_seconds:.1f} s", flush=True)
+    report = policies.memory_report()
+    print(f"  base {report['base_params'] / 1e6:.1f}M params; each adapter adds "
+          f"{report['adapter_A_fraction']:.2%}", flush=True)
+    start = time.perf_counter()
+    rnd = play_round(policies, problems, step=1, config=config, progress=True)
+    G = rnd.group_size
+    for i, (draft, challenge) in enumerate(zip(rnd.drafts, rnd.challenges or [None] * len(rnd.drafts))):
+        problem = rnd.problems[i // G]
+        if i % G == 0:
+            print("\n" + "═" * 96 + f"\nPROBLEM {i // G + 1}: {problem['question']}\nGOLD: {problem.get('answer')}")
+        print(_block(f"draft {i + 1} by {rnd.drafter} — answer {draft.answer!r}, correct={rnd.c_draft[i]}, "
+                     f"{draft.length} tokens", draft.text))
+        if challenge is not None:
+            print(_block(f"summary the challenger reads (leaks gold: {rnd.leaked[i]})",
+                         draft.summary if config.exchange else "(no exchange: the rival is hidden)"))
+            print(_block(f"challenge by {rnd.challenger} — answer {challenge.answer!r}, "
+                         f"correct={rnd.c_challenge[i]}, reward={rnd.r_challenge[i].total:g}", challenge.text))
+    print("\n" + "═" * 96)
+    for key, value in rnd.metrics().items():
+        print(f"  {key:38s} {value:.3f}" if isinstance(value, float) else f"  {key:38s} {value}")
+    print(f"Round done in {time.perf_counter() - start:.0f} s.")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .trainer import train
+
+    config = _load(args)
+    if args.resume:
+        config = config.replace(resume=True)
+    run_dir = train(config)
+    print(f"Run written to {run_dir}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from pathlib import Path
+
+    from .evaluate import evaluate
+
+    target = args.target
+    if not Path(target).is_dir():  # a profile or YAML: evaluate that config's untrained policies
+        args.profile = target
+        target = _load(args)
+    result = evaluate(target, systems=args.systems or None, n_problems=args.problems, samples=args.samples)
+    print(f"{'system':12s} {'pass@1':>7s} {'final len':>10s} {'tokens/problem':>15s}")
+    for name, row in result.items():
+        if isinstance(row, dict) and "pass@1" in row:
+            print(f"{name:12s} {row['pass@1']:7.3f} {row['mean_final_len']:10.1f} {row['tokens_per_problem']:15.1f}")
+    if "A_B_disagreement" in result:
+        print(f"A/B answer disagreement: {result['A_B_disagreement']:.3f}")
+    return 0
+
+
+def cmd_solve(args) -> int:
+    import json
+    from pathlib import Path
+
+    from .evaluate import _latest_adapters
+    from .models import load_policies
+    from .rollouts import generate, sample_seed
+
+    run_dir = Path(args.run)
+    values = json.loads((run_dir / "config.json").read_text())["config"]
+    config = load_config(values.pop("profile"), **values)
+    policies = load_policies(config)
+    adapters = _latest_adapters(run_dir)
+    if adapters is None:
+        raise SystemExit(f"{run_dir} has no complete checkpoint to solve with.")
+    for name in ("A", "B"):
+        policies.load_adapter(name, adapters)
+    from . import prompts
+
+    first, second = args.order[0], args.order[1]
+    render = lambda m: prompts.render(policies.tokenizer, m, config.thinking)  # noqa: E731
+    draft = generate(policies, [render(prompts.draft_prompt(args.problem, config.task))], first,
+                     [sample_seed(args.seed, 0, 0, 0, "solve/draft")], progress=False)[0]
+    final = generate(policies, [render(prompts.challenge_prompt(args.problem, draft.summary, config.reward,
+                                                                config.task))], second,
+                     [sample_seed(args.seed, 0, 0, 0, "solve/final")], progress=False)[0]
+    print(_block(f"draft summary ({first})", draft.summary))
+    print(_block(f"final solution ({second})", final.text))
+    print(f"FINAL ANSWER: {final.answer}")
+    return 0
+
+
+def cmd_reproduce(args) -> int:
+    print(
+        "agonlib reproduce: the trainer, evaluation and notebooks are not built yet (see the README's "
+        "status section).\nUntil they are, the main job runs one draft → summary → challenge round "
+        f"on the {args.profile!r} profile.\n", flush=True)
+    args.problems, args.generations, args.cell = 2, 2, None
+    return cmd_round(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agonlib", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_round = sub.add_parser("round", help="play one draft → summary → challenge round and print it")
+    _config_args(p_round)
+    p_round.add_argument("--problems", type=int, default=2, help="problems in the round (default 2)")
+    p_round.add_argument("--generations", type=int, default=2, help="drafts per problem (default 2)")
+    p_round.set_defaults(func=cmd_round)
+    p_train = sub.add_parser("train", help="run (or resume) a training run")
+    p_train.add_argument("profile", nargs="?", default="cpu", help="profile name or YAML path (default: cpu)")
+    p_train.add_argument("--cell", default=None, help="an experiment cell of experiments/cells.yaml")
+    p_train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p_train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p_train.set_defaults(func=cmd_train)
+    p_eval = sub.add_parser("eval", help="evaluate a run directory, or a profile's untrained policies")
+    p_eval.add_argument("target", help="a run directory, a profile name or a YAML path")
+    p_eval.add_argument("--systems", nargs="*", help="base A B cascade_AB cascade_BA moa grpo")
+    p_eval.add_argument("--problems", type=int, default=None, help="held-out problems (default: eval_problems)")
+    p_eval.add_argument("--samples", type=int, default=None, help="samples per problem (default: eval_samples)")
+    p_eval.add_argument("--cell", default=None)
+    p_eval.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p_eval.set_defaults(func=cmd_eval)
+    p_solve = sub.add_parser("solve", help="the trained cascade on one problem")
+    p_solve.add_argument("problem", help="the problem text")
+    p_solve.add_argument("--run", required=True, help="a run directory with a checkpoint")
+    p_solve.add_argument("--order", default="AB", choices=["AB", "BA"], help="drafter then answerer")
+    p_solve.add_argument("--seed", type=int, default=0)
+    p_solve.set_defaults(func=cmd_solve)
+    p_repro = sub.add_parser("reproduce", help="the main job: the whole reproduction on a profile")
+    _config_args(p_repro)
+    p_repro.set_defaults(func=cmd_reproduce)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"Config error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

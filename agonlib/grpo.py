@@ -1,0 +1,409 @@
+"""The GRPO loss, group advantages and one clipped, accumulated update (DESIGN.md §2, "GRPO loss").
+
+Pure tensor logic: no model loading, no generation. The trainer calls `group_advantages` on each role's
+rewards, `completion_logprobs` (adapters disabled) for the KL reference, then `grpo_update` once per role
+per step with that role's adapter active. The reference is TRL 1.15 `GRPOTrainer._compute_loss`;
+`tests/test_grpo.py` calls TRL's own code on the same batch and checks the loss, the gradient and the
+logged KL and clip fractions agree to 1e-6.
+
+Where this module departs from DESIGN.md §2, or from TRL, and what we follow:
+
+1. KL importance correction (TRL differs from DESIGN's formula; we follow TRL). TRL 1.15 defaults to
+   `use_bias_correction_kl=True`: the per-token k3 term `exp(ref-logp) - (ref-logp) - 1` is multiplied by
+   the (differentiable) ratio `rho = exp(logp - old_logp)`. On-policy `rho == 1` in value, so the loss and
+   the logged KL are unchanged, but the KL *gradient* changes (it becomes the unbiased reverse-KL
+   gradient). `kl_ratio_correction=True` (default) matches TRL; `False` gives DESIGN's literal formula.
+   Only matters when `beta > 0`.
+2. bnpo under gradient accumulation (TRL differs from "one big batch"; we follow one big batch). TRL
+   divides bnpo by the active tokens of each *micro-batch* and averages the micro-batches, so its
+   gradient depends on how the batch is split. `grpo_update` divides by the active tokens of the whole
+   role batch, so bnpo and dapo coincide here. Without accumulation (one micro-batch) they equal TRL's.
+3. dapo normaliser (matches TRL, stated precisely). TRL divides each micro-batch's summed token loss by
+   `num_items_in_batch / num_processes * gradient_accumulation_steps / steps_per_generation`, where
+   `num_items_in_batch` counts the active completion tokens of the whole generation batch over all
+   processes. With accumulation steps == steps_per_generation (TRL's default), DDP's gradient mean and
+   the accumulated sum give `sum over every token / every active token` — what we compute (one process,
+   one optimizer step per role batch).
+4. grpo / dr_grpo under accumulation (matches TRL when micro-batches are equal). TRL divides each
+   micro-batch loss by the number of accumulation steps; we divide by the whole batch's sequence count
+   instead, which is exact also for a shorter last micro-batch.
+5. dr_grpo constant: TRL uses the config's `max_completion_length` (the generation cap), not the padded
+   width; pass `max_completion_length=max_new_tokens`. When omitted we fall back to the padded width.
+6. Advantages (match TRL): group mean always; std unbiased (Bessel), per group (`"group"`) or over the
+   whole role batch (`"batch"`, mean still per group); `eps=1e-4` added to the std; NaN rewards are left
+   out of mean and std and get advantage 0.
+7. Log-probs (match TRL up to float rounding): logits divided by the sampling temperature in float32,
+   top-p/top-k ignored, as TRL does. We pass position ids built from the attention mask, like
+   `generate` does for left-padded prompts; TRL passes none. For RoPE models this changes nothing
+   but rounding (attention depends only on position differences); for absolute-position models ours
+   is the correct one.
+8. Defaults and logging: `loss_type="grpo"` as in `agonlib.config.Config` (TRL's default is "dapo").
+   We log TRL's token-mean clip fractions (low/high/region), not its per-sequence low_min/high_max.
+9. Not reproduced (all off by default in TRL): sequence-level importance sampling, two-sided `delta`
+   clipping, entropy masking and bonus, off-policy sequence masking, vLLM importance correction, and
+   the cispo/sapo/luspo/vespo losses.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+log = logging.getLogger(__name__)
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+SCALE_REWARDS = ("group", "batch", "none")
+_LOGSOFTMAX_CHUNK = 1 << 24  # float32 elements per log-softmax chunk (64 MiB)
+
+
+# --------------------------------------------------------------------------- log-probs
+
+
+def _token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / T) at `ids`, in float32, a few sequences at a time. logits (b, Tc, V), ids (b, Tc)."""
+    rows = max(1, _LOGSOFTMAX_CHUNK // (logits.size(1) * logits.size(2)))
+    out = []
+    for s in range(0, logits.size(0), rows):
+        z = logits[s : s + rows].float() / temperature  # (rows, Tc, V): float32 only for this chunk
+        out.append(z.gather(-1, ids[s : s + rows, :, None]).squeeze(-1) - torch.logsumexp(z, dim=-1))  # (rows, Tc)
+    return torch.cat(out)  # (b, Tc)
+
+
+def completion_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_mask_or_prompt_len: torch.Tensor | int,
+    temperature: float = 1.0,
+    micro_batch_size: int | None = None,
+) -> torch.Tensor:
+    """Per-token log-probs of the completion tokens under the model as it is (adapter switching is the caller's).
+
+    `input_ids`/`attention_mask` are (B, T): a left-padded prompt followed by a right-padded completion.
+    The completion is the last Tc columns, where Tc is the width of the (B, Tc) completion mask, or
+    `T - prompt_len` when an int is given. Returns float32 (B, Tc), zero where the attention mask is zero.
+    Differentiable when called with grad enabled; call under `torch.no_grad()` for old/reference log-probs.
+    """
+    if isinstance(completion_mask_or_prompt_len, torch.Tensor):
+        width = completion_mask_or_prompt_len.size(1)
+    else:
+        width = input_ids.size(1) - int(completion_mask_or_prompt_len)
+    if not 0 <= width < input_ids.size(1):
+        raise ValueError(f"completion width {width} must leave at least one prompt column of {input_ids.size(1)}.")
+    B = input_ids.size(0)
+    if width == 0:
+        return torch.zeros(B, 0, device=input_ids.device)
+    # Same positions as `generate` gives a left-padded prompt: count real tokens, pads get 0.
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+    step = micro_batch_size or B
+    chunks = []
+    for s in range(0, B, step):
+        sl = slice(s, s + step)
+        # logits_to_keep: only the last Tc+1 positions go through the LM head; the last one predicts nothing.
+        logits = model(
+            input_ids=input_ids[sl],
+            attention_mask=attention_mask[sl],
+            position_ids=position_ids[sl],
+            logits_to_keep=width + 1,
+        ).logits[:, :-1]  # (b, Tc, V), model dtype
+        ids = input_ids[sl, -width:]  # (b, Tc)
+        if torch.is_grad_enabled() and logits.requires_grad:
+            # Recompute the float32 softmax in backward instead of keeping a float32 (b, Tc, V) copy alive.
+            chunks.append(checkpoint(_token_logprobs, logits, ids, temperature, use_reentrant=False))
+        else:
+            chunks.append(_token_logprobs(logits, ids, temperature))
+    logp = torch.cat(chunks)  # (B, Tc)
+    return torch.where(attention_mask[:, -width:].bool(), logp, 0.0)
+
+
+# --------------------------------------------------------------------------- advantages
+
+
+def _nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Unbiased std ignoring NaNs; NaN where fewer than two values are present."""
+    keep = ~torch.isnan(x)
+    n = keep.sum() if dim is None else keep.sum(dim, keepdim=True)
+    mean = torch.nanmean(x) if dim is None else torch.nanmean(x, dim=dim, keepdim=True)
+    sq = torch.where(keep, (x - mean) ** 2, torch.zeros_like(x))
+    ss = sq.sum() if dim is None else sq.sum(dim, keepdim=True)
+    var = torch.where(n > 1, ss / (n - 1).clamp(min=1), torch.full_like(ss, float("nan")))
+    return var.sqrt()
+
+
+def group_advantages(
+    rewards, num_generations: int, scale_rewards: str = "group", eps: float = 1e-4
+) -> torch.Tensor:
+    """A_i = (r_i - mean_group) / (std + eps), flat (P*N,); groups are consecutive runs of `num_generations`.
+
+    `rewards` is (P*N,) or (P, N). `scale_rewards`: "group" (unbiased std of the group), "batch" (unbiased
+    std of all P*N rewards; the mean stays per group), "none" (no division). A group whose rewards are all
+    equal gets advantage 0; a NaN reward (unscorable) is left out of its group's statistics and gets 0.
+    """
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}.")
+    r = torch.as_tensor(rewards)
+    r = (r if r.is_floating_point() else r.float()).reshape(-1)  # (P*N,)
+    if num_generations < 1 or r.numel() % num_generations:
+        raise ValueError(f"{r.numel()} rewards do not split into groups of num_generations={num_generations}.")
+    grouped = r.view(-1, num_generations)  # (P, N)
+    adv = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).reshape(-1)  # (P*N,)
+    # A lone value has std 0 (not NaN) so that its advantage is 0 / eps = 0.
+    if scale_rewards == "group":
+        std = _nanstd(grouped, dim=1).expand_as(grouped).reshape(-1) if num_generations > 1 else 0.0  # (P*N,)
+        adv = adv / (std + eps)
+    elif scale_rewards == "batch":
+        adv = adv / ((_nanstd(r) if r.numel() > 1 else 0.0) + eps)
+    return torch.nan_to_num(adv, nan=0.0)
+
+
+# --------------------------------------------------------------------------- loss
+
+
+@dataclass
+class LossStats:
+    """Token-weighted means over the active completion tokens of one `grpo_loss` call (TRL's logged names)."""
+
+    kl: float | None  # mean per-token KL to the reference; None without ref_logp
+    clip_low: float  # clip_ratio/low_mean: ratio < 1-eps on a negative advantage
+    clip_high: float  # clip_ratio/high_mean: ratio > 1+eps_high on a positive advantage
+    clip_region: float  # clip_ratio/region_mean: either
+    num_tokens: int  # active tokens the means are over
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    ref_logp: torch.Tensor | None,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    beta: float = 0.0,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    loss_type: str = "grpo",
+    max_completion_length: int | None = None,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    num_sequences: int | None = None,
+    kl_ratio_correction: bool = True,
+) -> tuple[torch.Tensor, LossStats]:
+    """Clipped GRPO surrogate (+ beta * k3 KL), aggregated by `loss_type`. Tensors are (B, Tc); advantages (B,).
+
+    `old_logp=None` means on-policy: the ratio is exp(logp - logp.detach()), as in TRL. For a slice of a
+    larger batch pass the whole batch's `num_sequences` (grpo, dr_grpo) and `num_items_in_batch` (active
+    tokens; bnpo, dapo): the slices' losses then sum to the whole batch's loss.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}.")
+    if beta != 0.0 and ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp: log-probs under the base model (adapters disabled).")
+    mask = completion_mask.to(logp.dtype)  # (B, Tc)
+    adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # (B, 1)
+    old = logp.detach() if old_logp is None else old_logp
+    eps_low, eps_high = epsilon, (epsilon if epsilon_high is None else epsilon_high)
+
+    ratio = torch.exp(logp - old)  # (B, Tc)
+    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+    per_token = -torch.min(ratio * adv, clipped * adv)  # (B, Tc)
+    kl = None
+    if ref_logp is not None:
+        d = ref_logp - logp
+        kl = torch.exp(d) - d - 1  # (B, Tc), k3 estimator, >= 0
+        if kl_ratio_correction:
+            kl = kl * ratio
+        if beta != 0.0:
+            per_token = per_token + beta * kl
+
+    n_seq = logp.size(0) if num_sequences is None else num_sequences
+    masked = per_token * mask
+    if loss_type == "grpo":
+        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / n_seq
+    elif loss_type == "dr_grpo":
+        loss = masked.sum() / (n_seq * (max_completion_length or logp.size(1)))
+    else:  # bnpo, dapo: sum over tokens / active tokens of the (whole) batch
+        n_items = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch).to(mask)
+        loss = masked.sum() / n_items.clamp(min=1.0)
+
+    with torch.no_grad():
+        n_tok = mask.sum()
+        tok_mean = lambda x: ((x.to(mask.dtype) * mask).sum() / n_tok.clamp(min=1.0)).item()  # noqa: E731
+        low = (ratio < 1 - eps_low) & (adv < 0)
+        high = (ratio > 1 + eps_high) & (adv > 0)
+        stats = LossStats(
+            kl=None if kl is None else tok_mean(kl),
+            clip_low=tok_mean(low),
+            clip_high=tok_mean(high),
+            clip_region=tok_mean(low | high),
+            num_tokens=int(n_tok.item()),
+        )
+    return loss, stats
+
+
+# --------------------------------------------------------------------------- update
+
+
+@dataclass
+class GRPOBatch:
+    """One role's rollouts for one step, as the trainer hands them to `grpo_update`."""
+
+    input_ids: torch.Tensor  # (B, T): left-padded prompt, then right-padded completion (last Tc columns)
+    attention_mask: torch.Tensor  # (B, T)
+    completion_mask: torch.Tensor  # (B, Tc): tokens that count in the loss
+    advantages: torch.Tensor  # (B,)
+    ref_logp: torch.Tensor | None = None  # (B, Tc) under the base (adapters disabled); needed when beta > 0
+    old_logp: torch.Tensor | None = None  # (B, Tc) at sampling time; computed by grpo_update if needed
+    # Denominators of the whole role batch when this batch holds only part of it (the trainer drops
+    # sequences whose advantage is 0: with beta = 0 they add exactly 0 to the loss and the gradient).
+    num_sequences: int | None = None  # grpo, dr_grpo; None = B
+    num_items: int | None = None  # active completion tokens (bnpo, dapo); None = completion_mask.sum()
+
+    def __post_init__(self):
+        B, T = self.input_ids.shape
+        Tc = self.completion_mask.size(1)
+        if self.attention_mask.shape != (B, T) or self.completion_mask.size(0) != B or Tc >= T:
+            raise ValueError(
+                f"GRPOBatch shapes disagree: input_ids {tuple(self.input_ids.shape)}, attention_mask "
+                f"{tuple(self.attention_mask.shape)}, completion_mask {tuple(self.completion_mask.shape)}; "
+                "the completion must be the last Tc < T columns of input_ids."
+            )
+        if self.advantages.shape != (B,):
+            raise ValueError(f"advantages must be ({B},), one per sequence; got {tuple(self.advantages.shape)}.")
+        for name in ("ref_logp", "old_logp"):
+            t = getattr(self, name)
+            if t is not None and t.shape != (B, Tc):
+                raise ValueError(f"{name} must be ({B}, {Tc}) like completion_mask; got {tuple(t.shape)}.")
+
+
+@dataclass
+class UpdateConfig:
+    """GRPO update settings; field names match `agonlib.config.Config` where they overlap."""
+
+    loss_type: str = "grpo"
+    beta: float = 0.0
+    epsilon: float = 0.2
+    epsilon_high: float | None = None  # None = epsilon
+    max_completion_length: int | None = None  # dr_grpo constant; pass max_new_tokens
+    temperature: float = 1.0  # the sampling temperature
+    num_iterations: int = 1  # optimizer steps on the same rollouts (mu)
+    micro_batch_size: int | None = None  # sequences per forward/backward; None = the whole batch
+    max_grad_norm: float | None = 1.0  # None = no clipping (the norm is still measured)
+    kl_ratio_correction: bool = True  # TRL's use_bias_correction_kl
+
+    def __post_init__(self):
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}.")
+        if self.beta < 0 or self.epsilon <= 0 or (self.epsilon_high is not None and self.epsilon_high < 0):
+            raise ValueError("beta must be >= 0, epsilon > 0 and epsilon_high (if set) >= 0.")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (the sampling temperature), got {self.temperature}.")
+        if self.num_iterations < 1 or (self.micro_batch_size is not None and self.micro_batch_size < 1):
+            raise ValueError("num_iterations and micro_batch_size must be >= 1 (micro_batch_size=None: one batch).")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0 or None (no clipping), got {self.max_grad_norm}.")
+
+
+@dataclass
+class UpdateStats:
+    """What one `grpo_update` did. Loss/KL/clip/grad_norm are means over the optimizer steps taken (NaN if none)."""
+
+    loss: float
+    kl: float | None
+    clip_low: float
+    clip_high: float
+    clip_region: float
+    grad_norm: float  # before clipping
+    num_steps: int  # optimizer steps taken
+    num_skipped: int  # steps skipped for a non-finite loss or gradient norm
+
+
+def grpo_update(
+    model, batch: GRPOBatch, params: Sequence[torch.nn.Parameter], optimizer, cfg: UpdateConfig
+) -> UpdateStats:
+    """`cfg.num_iterations` optimizer steps on one role's batch, each over all its micro-batches.
+
+    The active adapter of `model` is the one trained; `params` are its parameters (the optimizer's).
+    Micro-batches are scaled so each step's gradient equals the one-big-batch gradient for every loss
+    type. A step whose loss or gradient norm is not finite is skipped: gradients dropped, no optimizer
+    step, counted in `num_skipped` and logged. Old log-probs, when `num_iterations > 1` and the batch
+    carries none, are computed once before the first step and kept.
+    """
+    if cfg.beta != 0.0 and batch.ref_logp is None:
+        raise ValueError("beta > 0 needs batch.ref_logp: completion_logprobs with the adapters disabled.")
+    params = list(params)
+    B, Tc = batch.completion_mask.shape
+    step = cfg.micro_batch_size or B
+    slices = [slice(s, s + step) for s in range(0, B, step)]
+    n_items = batch.completion_mask.sum() if batch.num_items is None else batch.num_items  # active tokens
+    n_seqs = B if batch.num_sequences is None else batch.num_sequences
+    old_logp = batch.old_logp
+    if old_logp is None and cfg.num_iterations > 1:
+        with torch.no_grad():
+            old_logp = completion_logprobs(
+                model, batch.input_ids, batch.attention_mask, batch.completion_mask, cfg.temperature, step
+            )
+    pick = lambda t, sl: None if t is None else t[sl]  # noqa: E731
+
+    taken: list[tuple[float, float, LossStats]] = []
+    skipped = 0
+    for it in range(cfg.num_iterations):
+        _drop_grads(params, optimizer)
+        total, parts, finite = 0.0, [], True
+        for sl in slices:
+            logp = completion_logprobs(
+                model, batch.input_ids[sl], batch.attention_mask[sl], batch.completion_mask[sl], cfg.temperature
+            )  # (b, Tc)
+            loss, st = grpo_loss(
+                logp, pick(old_logp, sl), pick(batch.ref_logp, sl), batch.advantages[sl], batch.completion_mask[sl],
+                beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, loss_type=cfg.loss_type,
+                max_completion_length=cfg.max_completion_length, num_items_in_batch=n_items, num_sequences=n_seqs,
+                kl_ratio_correction=cfg.kl_ratio_correction,
+            )
+            if not torch.isfinite(loss):
+                finite = False
+                break
+            loss.backward()
+            total += loss.item()
+            parts.append(st)
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.tensor(0.0)
+        if not finite or not torch.isfinite(norm):
+            _drop_grads(params, optimizer)
+            skipped += 1
+            log.warning("grpo_update: skipped step (iteration %d): loss %s, grad norm %s", it,
+                        "non-finite" if not finite else f"{total:.4g}", f"{norm.item():.4g}")
+            continue
+        if cfg.max_grad_norm is not None and grads:
+            torch.nn.utils.clip_grads_with_norm_(params, cfg.max_grad_norm, norm)
+        optimizer.step()
+        taken.append((total, norm.item(), _merge(parts)))
+
+    mean = lambda xs: sum(xs) / len(xs) if xs else math.nan  # noqa: E731
+    kls = [s.kl for _, _, s in taken if s.kl is not None]
+    return UpdateStats(
+        loss=mean([t[0] for t in taken]),
+        kl=mean(kls) if kls else None,
+        clip_low=mean([s.clip_low for _, _, s in taken]),
+        clip_high=mean([s.clip_high for _, _, s in taken]),
+        clip_region=mean([s.clip_region for _, _, s in taken]),
+        grad_norm=mean([t[1] for t in taken]),
+        num_steps=len(taken),
+        num_skipped=skipped,
+    )
+
+
+def _merge(parts: list[LossStats]) -> LossStats:
+    """Token-weighted merge of micro-batch stats into the whole batch's."""
+    n = sum(p.num_tokens for p in parts)
+    w = lambda f: sum(getattr(p, f) * p.num_tokens for p in parts) / max(n, 1)  # noqa: E731
+    has_kl = parts and parts[0].kl is not None
+    return LossStats(w("kl") if has_kl else None, w("clip_low"), w("clip_high"), w("clip_region"), n)
+
+
+def _drop_grads(params: list[torch.nn.Parameter], optimizer) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    for p in params:  # also those the optimizer does not hold
+        p.grad = None

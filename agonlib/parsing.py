@@ -1,0 +1,209 @@
+r"""Parsing completions: the think / summary / answer split of DESIGN.md §2 step 3.
+
+A completion of a thinking model looks like ``<think> ... </think> final text``.
+Everything is graded on the *final text* (after the last ``</think>``), the
+answer is the content of its last ``\boxed{...}``, and the challenger sees only
+the *summary*: the final text with every box and every "final answer" statement
+removed, and every whole-token occurrence of the extracted answer masked.
+
+Worked example::
+
+    >>> think, summary, answer = split_completion(
+    ...     "<think>2+2 is 4, surely.</think>We add: 2+2=4. The final answer is $\\boxed{4}$.")
+    >>> think, answer
+    ('2+2 is 4, surely.', '4')
+    >>> summary
+    'We add: 2+2=[…].'
+
+A thinking model that never closes ``</think>`` (truncated) has no final text:
+its summary is empty and its answer is ``None``. A non-thinking model's final
+text is the whole completion.
+
+For code tasks (``task="code"``) the "answer" is the last fenced code block and
+the summary is the final text without that block (the explanation only).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+MASK = "[…]"
+
+_BRACE_RE = re.compile(r"\\(?:boxed|fbox)\s*\{|\{|\}")
+# A sentence that states the final answer is removed whole (found sentence by
+# sentence: linear time). A period followed by a non-space (``2.5``) does not
+# end a sentence.
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
+_FINAL_ANSWER = re.compile(r"\bfinal\s+answer\b", re.IGNORECASE)
+_ANSWER_LABEL = re.compile(r"\s*[>*#_]*\s*answer[ \t*_]*:", re.IGNORECASE)
+# Math delimiters a removed box can leave empty around itself.
+_DELIMITERS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
+_FENCE_RE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)```", re.DOTALL)
+
+
+class Split(NamedTuple):
+    think: str
+    summary: str
+    answer: str | None
+
+
+def _boxes(text: str) -> list[tuple[int, int, str]]:
+    """Every outermost complete ``\\boxed{...}`` as ``(start, end, content)``, braces balanced.
+
+    One left-to-right pass (linear even for adversarial nesting).
+
+    >>> _boxes(r"a \\boxed{\\frac{1}{2}} b \\boxed{3")  # the second never closes
+    [(2, 21, '\\\\frac{1}{2}')]
+    """
+    found, open_boxes, depth = [], [], 0  # open_boxes: (start, content_start, depth outside)
+    for m in _BRACE_RE.finditer(text):
+        token = m.group()
+        if token == "}":
+            if depth == 0:
+                continue  # a stray closing brace outside any group
+            depth -= 1
+            if open_boxes and open_boxes[-1][2] == depth:
+                start, content_start, _ = open_boxes.pop()
+                found.append((start, m.end(), text[content_start : m.start()]))
+        else:
+            if token != "{":
+                open_boxes.append((m.start(), m.end(), depth))
+            depth += 1
+    found.sort()
+    # A box nested inside another is part of the outer one, not a box of its own.
+    outer: list[tuple[int, int, str]] = []
+    for box in found:
+        if not outer or box[0] >= outer[-1][1]:
+            outer.append(box)
+    return outer
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{}``, stripped; ``None`` if there is none.
+
+    >>> last_boxed(r"\\boxed{1} then \\boxed{ x^{2} }")
+    'x^{2}'
+    """
+    boxes = _boxes(text)
+    return boxes[-1][2].strip() if boxes else None
+
+
+def final_text(text: str, thinking: bool = True) -> str | None:
+    """The text after the last ``</think>``; ``None`` if a thinking model never closed it.
+
+    >>> final_text("<think>hmm</think> 42"), final_text("<think>hmm ..."), final_text("42", thinking=False)
+    (' 42', None, '42')
+    """
+    if not thinking:
+        return text
+    cut = text.rfind(THINK_CLOSE)
+    return None if cut < 0 else text[cut + len(THINK_CLOSE) :]
+
+
+def _think_part(text: str, thinking: bool) -> str:
+    if not thinking:
+        return ""
+    cut = text.rfind(THINK_CLOSE)
+    think = text if cut < 0 else text[:cut]
+    think = think.strip()
+    return think[len(THINK_OPEN) :].strip() if think.startswith(THINK_OPEN) else think
+
+
+def remove_boxes(text: str) -> str:
+    """Drop every complete box, and the math delimiters around it if it filled them alone.
+
+    >>> remove_boxes(r"So $x=2$ and $\\boxed{4}$.")
+    'So $x=2$ and .'
+    """
+    for start, end, _ in reversed(_boxes(text)):
+        before, after = text[:start], text[end:]
+        for left, right in _DELIMITERS:
+            if before.rstrip().endswith(left) and after.lstrip().startswith(right):
+                before = before.rstrip()[: -len(left)]
+                after = after.lstrip()[len(right) :]
+                break
+        text = before + after
+    return text
+
+
+def remove_final_answer_statements(text: str) -> str:
+    """Drop each sentence or line that states the final answer ("The final answer is …", "Answer: …").
+
+    >>> remove_final_answer_statements("We add 2 and 2. The final answer is 4. Done")
+    'We add 2 and 2. Done'
+    """
+    kept, pos = [], 0
+    for m in [*_SENTENCE_END.finditer(text), None]:
+        end = len(text) if m is None else m.end()
+        if end <= pos and m is not None:
+            continue
+        sentence = text[pos:end]
+        if _FINAL_ANSWER.search(sentence) or _ANSWER_LABEL.match(sentence):
+            if sentence.endswith("\n") and kept and not kept[-1].endswith("\n"):
+                kept.append("\n")  # the line break the dropped line ended with
+        else:
+            kept.append(sentence)
+        pos = end
+    return "".join(kept)
+
+
+def mask_answer(text: str, answer: str | None) -> str:
+    """Mask whole-token occurrences of ``answer``: ``2+2=4`` → ``2+2=[…]``, ``40`` stays.
+
+    A match may not touch a letter, digit, underscore or a decimal point that
+    continues a number, so ``4`` is masked in ``is 4.`` but not in ``4.5`` or ``x4``.
+    """
+    answer = (answer or "").strip()
+    if not answer:
+        return text
+    pattern = r"(?<![\w.])" + re.escape(answer) + r"(?![\w]|\.\d)"
+    return re.sub(pattern, MASK, text)
+
+
+def _tidy(text: str) -> str:
+    lines = [line.rstrip() for line in text.strip().splitlines()]
+    out: list[str] = []
+    for line in lines:  # collapse runs of blank lines left by removals
+        if line or (out and out[-1]):
+            out.append(line)
+    return re.sub(r"[ \t]{2,}", " ", "\n".join(out)).strip()
+
+
+def last_code_block(text: str) -> str | None:
+    """The body of the last fenced code block (```` ```python ... ``` ````), or ``None``."""
+    blocks = _FENCE_RE.findall(text)
+    return blocks[-1][1] if blocks else None
+
+
+def split_completion(text: str, thinking: bool = True, task: str = "math") -> Split:
+    """Split a completion into ``(think, summary, answer)`` (DESIGN.md §2 step 3).
+
+    ``task="math"``: answer = last ``\\boxed{}`` of the final text; summary = final
+    text without boxes and final-answer statements, answer occurrences masked.
+    ``task="code"``: answer = the last fenced code block; summary = final text
+    without that block.
+    """
+    if not isinstance(text, str):
+        text = "" if text is None else str(text)
+    think = _think_part(text, thinking)
+    final = final_text(text, thinking)
+    if final is None:  # truncated inside <think>: a format failure, nothing to show
+        return Split(think, "", None)
+    if task == "code":
+        matches = list(_FENCE_RE.finditer(final))
+        if not matches:
+            return Split(think, _tidy(final), None)
+        last = matches[-1]
+        return Split(think, _tidy(final[: last.start()] + final[last.end() :]), last.group(2))
+    if task != "math":
+        raise ValueError(f"task must be 'math' or 'code', got {task!r}")
+    answer = last_boxed(final)
+    summary = remove_final_answer_statements(remove_boxes(final))
+    return Split(think, _tidy(mask_answer(summary, answer)), answer)
+
+
+def extract_summary(text: str, thinking: bool = True, task: str = "math") -> str:
+    """The challenger's view of a draft: ``split_completion(text, thinking).summary``."""
+    return split_completion(text, thinking, task).summary

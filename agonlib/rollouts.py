@@ -1,0 +1,180 @@
+"""Batched sampling under one adapter, with a seed per completion.
+
+``generate(policies, prompts, adapter, seeds)`` left-pads the prompts, prefills
+them once and decodes with a KV cache. Every completion has its own
+``torch.Generator`` seeded from ``(seed, step, problem, sample)`` (see
+:func:`sample_seed`), so a completion does not depend on which other prompts
+share its batch's random stream, and a resumed run replays the same draws.
+
+Sampling follows ``transformers``' order of warpers: temperature, then top-k,
+then top-p (nucleus), then one multinomial draw.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from .parsing import split_completion
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 128
+
+    @classmethod
+    def from_config(cls, config) -> "SamplingParams":
+        return cls(config.temperature, config.top_p, config.top_k, config.max_new_tokens)
+
+
+@dataclass
+class Rollout:
+    prompt: str
+    prompt_ids: list[int]
+    completion_ids: list[int]  # up to and including the stop token
+    text: str
+    think: str
+    summary: str
+    answer: str | None
+    length: int  # completion tokens
+    truncated: bool  # no stop token within max_new_tokens
+    seed: int
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class GenerationStats:
+    seconds: float = 0.0
+    tokens: int = 0  # generated, padding excluded
+    decode_steps: int = 0
+
+
+def sample_seed(seed: int, step: int, problem: int, sample: int, role: str = "") -> int:
+    """A 63-bit seed from the coordinates of one completion; stable across Python runs."""
+    key = f"{seed}/{step}/{problem}/{sample}/{role}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k, top-p on ``(B, V)`` float logits; removed tokens get -inf."""
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1)  # ascending
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cum <= 1 - params.top_p
+        drop_sorted[:, -1] = False  # always keep the most likely token
+        drop = drop_sorted.scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def _draw(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]) -> torch.Tensor:
+    probs = warp_logits(logits.float(), params).softmax(-1)  # (B, V)
+    return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])  # (B,)
+
+
+@torch.no_grad()
+def sample_batch(model, input_ids, attention_mask, seeds, params: SamplingParams,
+                 stop_ids: list[int], pad_id: int, rows=None, desc: str = "", progress: bool = False):
+    """Decode completions of a left-padded batch of ``U`` prompts; returns ``(B, T_new)`` ids.
+
+    ``rows[i]`` is the prompt row of completion ``i`` (default: ``i``): a prompt
+    repeated for ``N`` generations is prefilled once and its KV cache copied.
+    Finished completions leave the batch, so the tail of long generations costs
+    only the rows still running. Each completion draws from its own generator,
+    so neither changes what a completion samples.
+    """
+    device = input_ids.device
+    B = len(seeds)
+    rows = torch.arange(B, device=device) if rows is None else torch.as_tensor(rows, device=device)
+    generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+    stops = torch.tensor(stop_ids, device=device)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (U, T_prompt)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    if cache is not None:
+        cache.reorder_cache(rows)  # (U, ...) -> (B, ...)
+    logits = out.logits[rows, -1, :]  # (B, V)
+    attention_mask, position = attention_mask[rows], position_ids[rows, -1:]  # (B, T_prompt), (B, 1)
+    tokens = torch.full((B, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
+    live = torch.arange(B, device=device)  # the completion each running row belongs to
+    steps = 0
+    for t in tqdm(range(params.max_new_tokens), desc=desc or "generate", leave=False, disable=not progress):
+        token = _draw(logits, params, [generators[i] for i in live.tolist()])  # (b,)
+        tokens[live, t] = token
+        steps = t + 1
+        done = torch.isin(token, stops)
+        if done.all():
+            break
+        if done.any():  # drop finished rows from the batch and the cache
+            keep = (~done).nonzero().squeeze(1)
+            live, token, attention_mask, position = live[keep], token[keep], attention_mask[keep], position[keep]
+            if cache is not None:
+                cache.reorder_cache(keep)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(live), 1)], dim=1)
+        position = position + 1  # (b, 1)
+        out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position,
+                    past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1, :]
+    return tokens[:, :steps]  # (B, T_new)
+
+
+def generate(policies, prompts: list[str], adapter: str | None, seeds: list[int],
+             params: SamplingParams | None = None, *, batch_size: int = 64, thinking: bool | None = None,
+             task: str | None = None, max_prompt_tokens: int | None = None, desc: str = "",
+             progress: bool = True, stats: GenerationStats | None = None) -> list[Rollout]:
+    """One completion per (prompt, seed) under ``adapter`` (``None`` = the frozen base).
+
+    ``prompts`` are rendered chat prompts (see :func:`agonlib.prompts.render`);
+    repeat a prompt with different seeds for ``N`` generations.
+    """
+    if len(prompts) != len(seeds):
+        raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds: give one seed per completion.")
+    config, tok = policies.config, policies.tokenizer
+    params = params or SamplingParams.from_config(config)
+    thinking = config.thinking if thinking is None else thinking
+    task = task or config.task
+    max_prompt_tokens = max_prompt_tokens or config.max_prompt_tokens
+    start = time.perf_counter()
+    rollouts: list[Rollout] = []
+    bar = tqdm(total=len(prompts), desc=desc or f"generate ({adapter or 'base'})", disable=not progress, leave=False)
+    for lo in range(0, len(prompts), batch_size):
+        chunk, chunk_seeds = prompts[lo : lo + batch_size], seeds[lo : lo + batch_size]
+        unique = list(dict.fromkeys(chunk))  # each distinct prompt is prefilled once
+        rows = [unique.index(p) for p in chunk]
+        enc = tok(unique, return_tensors="pt", padding=True, add_special_tokens=False,
+                  truncation=True, max_length=max_prompt_tokens)
+        enc = {k: v.to(policies.device) for k, v in enc.items()}
+        with policies.use(adapter):
+            new = sample_batch(policies.model, enc["input_ids"], enc["attention_mask"], chunk_seeds, params,
+                               policies.stop_token_ids, tok.pad_token_id, rows=rows)
+        stop_set = set(policies.stop_token_ids)
+        for i, (prompt, seed) in enumerate(zip(chunk, chunk_seeds)):
+            ids = new[i].tolist()
+            end = next((j + 1 for j, t in enumerate(ids) if t in stop_set), None)
+            completion = ids[:end] if end else ids
+            text = tok.decode(completion, skip_special_tokens=True)
+            parts = split_completion(text, thinking=thinking, task=task)
+            prompt_ids = enc["input_ids"][rows[i]][enc["attention_mask"][rows[i]].bool()].tolist()
+            rollouts.append(Rollout(prompt, prompt_ids, completion, text, parts.think, parts.summary,
+                                    parts.answer, len(completion), end is None, int(seed)))
+            if stats is not None:
+                stats.tokens += len(completion)
+        if stats is not None:
+            stats.decode_steps += new.shape[1]
+        bar.update(len(chunk))
+    bar.close()
+    if stats is not None:
+        stats.seconds += time.perf_counter() - start
+    return rollouts

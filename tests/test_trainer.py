@@ -1,0 +1,179 @@
+"""The game round and the trainer on the tiny smoke model (CPU, seconds per step).
+
+The tiny random model never answers a problem, so these tests replace the
+grader with a deterministic hash of the completion text: the rewards then vary
+within groups and every code path of the update runs.
+"""
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+import agonlib
+from agonlib import game, prompts
+from agonlib.trainer import CheckpointError, Trainer, build_batch, problems_at, train
+
+
+def _hash_grade(rollouts, problems, config):
+    return [hashlib.sha1(r.text.encode()).digest()[0] % 2 for r in rollouts]
+
+
+@pytest.fixture
+def hashed_grader(monkeypatch):
+    monkeypatch.setattr(game, "grade", _hash_grade)
+
+
+@pytest.fixture(scope="module")
+def _tiny():
+    from agonlib.models import load_policies
+
+    return load_policies(agonlib.load_config("smoke"))
+
+
+@pytest.fixture
+def tiny(_tiny):
+    """The tiny smoke model, its adapters restored after each test that trains them."""
+    state = {k: v.clone() for k, v in _tiny.model.state_dict().items()}
+    yield _tiny
+    _tiny.model.load_state_dict(state)
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(steps=2, out_dir=str(tmp_path / "run"), max_new_tokens=6, num_generations=4,
+                problems_per_step=2, checkpoint_every=1, log_rollouts_every=1)
+    return agonlib.load_config("smoke", **{**base, **kw})
+
+
+def _snapshot(policies):
+    return {n: p.detach().clone() for n, p in policies.model.named_parameters()}
+
+
+def _changed(before, policies):
+    return {n for n, p in policies.model.named_parameters() if not torch.equal(before[n], p)}
+
+
+ROLE_CASES = [
+    # (step, roles, mode, expected (drafter, challenger))
+    (1, "rotate", "agon", ("A", "B")),  # odd steps: A drafts
+    (2, "rotate", "agon", ("B", "A")),  # even steps: B drafts
+    (3, "rotate", "agon", ("A", "B")),
+    (4, "rotate", "agon", ("B", "A")),
+    (1, "fixed", "agon", ("A", "B")),  # fixed: A always drafts
+    (2, "fixed", "agon", ("A", "B")),
+    (2, "rotate", "grpo", ("A", None)),  # vanilla GRPO: one adapter, no challenger
+]
+
+
+@pytest.mark.parametrize("step,roles,mode,expected", ROLE_CASES)
+def test_role_schedule(step, roles, mode, expected):
+    assert game.roles_for_step(step, roles, mode) == expected
+
+
+def test_problems_at_is_a_seeded_epoch_shuffle():
+    train_set = [{"id": i} for i in range(5)]
+    first_epoch = [p["id"] for s in (1, 2) for p in problems_at(train_set, s, 2, seed=3)][:5]
+    assert sorted(first_epoch[:4]) == sorted(set(first_epoch[:4]))  # no repeats inside an epoch
+    assert problems_at(train_set, 7, 2, seed=3) == problems_at(train_set, 7, 2, seed=3)
+    assert [p["id"] for p in problems_at(train_set, 1, 5, seed=3)] != [p["id"] for p in problems_at(train_set, 1, 5, seed=4)]
+
+
+def test_exchange_false_hides_the_summary(tiny, hashed_grader, tmp_path):
+    cfg = _cfg(tmp_path, exchange=False)
+    problems = agonlib.data.load_problems("synthetic", "train", n=2, levels=(1,))
+    rnd = game.play_round(tiny, problems, 1, cfg, progress=False)
+    for draft, challenge in zip(rnd.drafts, rnd.challenges):
+        assert challenge.prompt_ids == draft.prompt_ids  # the challenger's prompt is the drafter's
+
+
+def test_exchange_true_shows_exactly_the_summary(tiny, hashed_grader, tmp_path):
+    cfg = _cfg(tmp_path, exchange=True)
+    problems = agonlib.data.load_problems("synthetic", "train", n=2, levels=(1,))
+    rnd = game.play_round(tiny, problems, 1, cfg, progress=False)
+    G = rnd.group_size
+    for i, (draft, challenge) in enumerate(zip(rnd.drafts, rnd.challenges)):
+        expected = prompts.render(tiny.tokenizer,
+                                  prompts.challenge_prompt(problems[i // G]["question"], draft.summary,
+                                                           cfg.reward, cfg.task), cfg.thinking)
+        assert challenge.prompt == expected
+        assert draft.summary.strip() in challenge.prompt or not draft.summary.strip()
+
+
+def test_competitive_rewards_follow_the_grades(tiny, hashed_grader, tmp_path):
+    cfg = _cfg(tmp_path, lambda_conv=1.0)
+    problems = agonlib.data.load_problems("synthetic", "train", n=2, levels=(1,))
+    rnd = game.play_round(tiny, problems, 1, cfg, progress=False)
+    for c_a, c_b, r in zip(rnd.c_draft, rnd.c_challenge, rnd.r_challenge):
+        assert r.total == c_b + c_b * (1 - c_a)
+
+
+def test_build_batch_layout():
+    from agonlib.rollouts import Rollout
+
+    rs = [Rollout("", [5, 6, 7], [8, 9], "", "", "", None, 2, False, 0),
+          Rollout("", [5], [8, 9, 10], "", "", "", None, 3, True, 0)]
+    b = build_batch(rs, torch.tensor([1.0, -1.0]), pad_id=0, device="cpu")
+    assert b.input_ids.tolist() == [[5, 6, 7, 8, 9, 0], [0, 0, 5, 8, 9, 10]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
+    assert b.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+
+
+def test_agon_step_trains_both_adapters_and_never_the_base(tiny, hashed_grader, tmp_path):
+    trainer = Trainer(_cfg(tmp_path, steps=1), policies=tiny, progress=False)
+    before = _snapshot(tiny)
+    row, _ = trainer.train_step(1)
+    changed = _changed(before, tiny)
+    assert any(".A." in n for n in changed) and any(".B." in n for n in changed)
+    assert all("lora_" in n for n in changed)  # the base is bit-identical
+    assert row["drafter"] == "A" and row["challenger"] == "B"
+
+
+def test_grpo_mode_trains_only_adapter_a(tiny, hashed_grader, tmp_path):
+    trainer = Trainer(_cfg(tmp_path, steps=1, mode="grpo"), policies=tiny, progress=False)
+    before = _snapshot(tiny)
+    row, rnd = trainer.train_step(1)
+    changed = _changed(before, tiny)
+    assert changed and all(".A." in n for n in changed)
+    assert rnd.challenges == [] and row["challenger"] is None
+
+
+def _metric_rows(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def test_resume_replays_the_uninterrupted_run(tiny, hashed_grader, tmp_path):
+    # One run of 4 steps, and one killed after step 2 then resumed: identical metrics.
+    from agonlib.models import load_policies
+
+    straight = train(_cfg(tmp_path / "a", steps=4, checkpoint_every=2), policies=tiny, progress=False)
+    fresh = load_policies(_cfg(tmp_path / "b"))
+    resumed_dir = train(_cfg(tmp_path / "b", steps=2, checkpoint_every=2), policies=fresh, progress=False)
+    again = load_policies(_cfg(tmp_path / "b"))  # a new process would start from a fresh model
+    train(_cfg(tmp_path / "b", steps=4, checkpoint_every=2, resume=True), policies=again, progress=False)
+    assert _metric_rows(resumed_dir) == _metric_rows(straight)
+
+
+def test_partial_and_corrupt_checkpoints(tiny, hashed_grader, tmp_path):
+    cfg = _cfg(tmp_path, steps=2, checkpoint_every=1)
+    run_dir = train(cfg, policies=tiny, progress=False)
+    ckpts = run_dir / "checkpoints"
+    # A partial checkpoint (killed mid-write: no COMPLETE marker) is ignored.
+    (ckpts / "step-000003.tmp").mkdir()
+    trainer = Trainer(cfg.replace(resume=True, steps=2), policies=tiny, progress=False)
+    assert [p.name for p in trainer.checkpoints()] == ["step-000001", "step-000002"]
+    # A corrupt complete checkpoint: a clear error that names it and the older one.
+    (ckpts / "step-000002" / "trainer_state.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="step-000002.*step-000001"):
+        trainer.resume()
+    # The previous checkpoint still loads.
+    trainer.load_checkpoint(ckpts / "step-000001")
+    assert trainer.step == 1
+
+
+def test_refuses_to_overwrite_a_run(tiny, hashed_grader, tmp_path):
+    cfg = _cfg(tmp_path, steps=1)
+    train(cfg, policies=tiny, progress=False)
+    with pytest.raises(FileExistsError, match="resume"):
+        train(cfg, policies=tiny, progress=False)

@@ -169,6 +169,8 @@ class Config:
 
     def _check_types(self) -> None:
         hints = get_type_hints(type(self))
+        if isinstance(self.out_dir, Path):
+            self.out_dir = str(self.out_dir)
         for f in dataclasses.fields(self):
             value, hint = getattr(self, f.name), hints[f.name]
             ok = {

@@ -88,8 +88,8 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
         return getattr(torch, name)
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    try:  # private but precise: AVX512-BF16 or AMX
-        cpu_bf16 = bool(torch._C._cpu._is_avx512_bf16_supported() or torch._C._cpu._is_amx_tile_supported())
+    try:  # private but precise: AVX512-BF16 or AMX (an AVX2-only CPU runs bf16 matmuls ~400x slower)
+        cpu_bf16 = bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
     except AttributeError:
         cpu_bf16 = False
     return torch.bfloat16 if cpu_bf16 else torch.float32
@@ -228,7 +228,9 @@ def _fix_special_tokens(model, tokenizer) -> None:
         tokenizer.pad_token = "<|endoftext|>" if "<|endoftext|>" in tokenizer.get_vocab() else tokenizer.eos_token
     tokenizer.padding_side = "left"
     tokenizer.truncation_side = "left"  # an over-long prompt keeps its end: the question and the turn marker
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    eos = model.generation_config.eos_token_id  # keep every stop id the model ships (Qwen3: two)
+    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    model.generation_config.eos_token_id = sorted(eos | {tokenizer.eos_token_id})
     model.generation_config.pad_token_id = tokenizer.pad_token_id
 
 
@@ -289,6 +291,8 @@ def use_adapter(model, name: str | None):
     Nests either way: ``use("B")`` inside ``use(None)`` runs ``B``, and the base
     again after it.
     """
+    if name is not None and name not in model.peft_config:
+        raise ValueError(f"No adapter {name!r}; adapters are {', '.join(model.peft_config)} (or None for the base).")
     previous = model.active_adapter
     was_disabled = getattr(model, "_agon_adapters_disabled", False)
     if name is None:

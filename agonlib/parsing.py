@@ -119,7 +119,12 @@ def remove_boxes(text: str) -> str:
     """
     for start, end, _ in reversed(_boxes(text)):
         before, after = text[:start], text[end:]
+        # A ``$`` before the box opens a span only if an odd number of them precede it.
+        inside_dollars = before.replace("$$", "").count("$") % 2 == 1
+        inside_double = before.count("$$") % 2 == 1
         for left, right in _DELIMITERS:
+            if (left == "$" and not inside_dollars) or (left == "$$" and not inside_double):
+                continue
             if before.rstrip().endswith(left) and after.lstrip().startswith(right):
                 before = before.rstrip()[: -len(left)]
                 after = after.lstrip()[len(right) :]
@@ -187,6 +192,8 @@ def split_completion(text: str, thinking: bool = True, task: str = "math") -> Sp
     """
     if not isinstance(text, str):
         text = "" if text is None else str(text)
+    if task not in ("math", "code"):
+        raise ValueError(f"task must be 'math' or 'code', got {task!r}")
     think = _think_part(text, thinking)
     final = final_text(text, thinking)
     if final is None:  # truncated inside <think>: a format failure, nothing to show
@@ -197,8 +204,6 @@ def split_completion(text: str, thinking: bool = True, task: str = "math") -> Sp
             return Split(think, _tidy(final), None)
         last = matches[-1]
         return Split(think, _tidy(final[: last.start()] + final[last.end() :]), last.group(2))
-    if task != "math":
-        raise ValueError(f"task must be 'math' or 'code', got {task!r}")
     answer = last_boxed(final)
     summary = remove_final_answer_statements(remove_boxes(final))
     return Split(think, _tidy(mask_answer(summary, answer)), answer)

@@ -132,10 +132,10 @@ def test_a_step_on_one_adapter_leaves_the_other_and_the_base_bit_identical(smoke
     assert all(after[n].grad is None for n in before if not _is_lora(n, trained))
     for name, logits in logits_before.items():
         assert torch.equal(_logits(policies, name, inputs), logits), f"logits of {name or 'the base'} moved"
-    assert not torch.equal(_logits(policies, trained, inputs), before_logits_of(policies, trained, before, inputs))
+    assert not torch.equal(_logits(policies, trained, inputs), _logits_at_snapshot(policies, trained, before, inputs))
 
 
-def before_logits_of(policies, name, snapshot, inputs):
+def _logits_at_snapshot(policies, name, snapshot, inputs):
     """Logits of adapter ``name`` with its weights put back to ``snapshot`` (then restored)."""
     params = dict(policies.model.named_parameters())
     current = {n: params[n].detach().clone() for n in snapshot if _is_lora(n, name)}
@@ -246,10 +246,11 @@ def test_load_missing_adapter_says_where_it_looked(smoke_policies, tmp_path):
 
 
 def test_loading_is_deterministic_and_leaves_the_global_rng_alone(smoke_policies, tmp_path):
-    torch.manual_seed(1234)
-    state = torch.get_rng_state()
-    again = load_policies(smoke_policies.config)
-    assert torch.equal(torch.get_rng_state(), state), "load_policies consumed the global torch RNG"
+    with torch.random.fork_rng(devices=[]):  # leave the session's global RNG as it was
+        torch.manual_seed(1234)
+        state = torch.get_rng_state()
+        again = load_policies(smoke_policies.config)
+        assert torch.equal(torch.get_rng_state(), state), "load_policies consumed the global torch RNG"
     mine, theirs = _snapshot(smoke_policies.model), dict(again.model.named_parameters())
     assert mine.keys() == theirs.keys()
     assert all(torch.equal(mine[n], theirs[n]) for n in mine)
@@ -336,6 +337,23 @@ def test_missing_gguf_file():
     with pytest.raises(AssetError) as err:
         load_policies(load_config("smoke", model="/no/such/model.gguf", device="cpu"))
     assert "/no/such/model.gguf" in _one_line(err)
+
+
+def test_local_model_directory_keeps_all_its_stop_tokens(smoke_policies, tmp_path):
+    # A hub-style directory (what Qwen/Qwen3-0.6B ships): generation_config lists two eos
+    # ids, <|im_end|> and <|endoftext|>. Generation must stop on either; load_policies
+    # reads the list, but only after _fix_special_tokens has overwritten it with one id.
+    tok = smoke_policies.tokenizer
+    base, _, _ = load_base(smoke_policies.config, smoke_policies.device, smoke_policies.dtype)
+    eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    base.generation_config.eos_token_id = eos
+    base.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    policies = load_policies(load_config("smoke", model=str(tmp_path), device="cpu", dtype="float32"))
+    with torch.no_grad():  # the directory path loads the same weights
+        inputs = _inputs(policies)
+        assert torch.equal(_logits(policies, None, inputs), _logits(smoke_policies, None, inputs))
+    assert policies.stop_token_ids == sorted(eos)
 
 
 def test_existing_directory_without_a_model(tmp_path):

@@ -189,6 +189,9 @@ def test_long_prompts_keep_their_end(smoke_policies):
     [r] = _gen(short, [prompt], [0], params=SamplingParams(max_new_tokens=2))
     full = tok(prompt, add_special_tokens=False)["input_ids"]
     assert r.prompt_ids == full[-16:]  # truncated from the left: the turn marker survives
+    # the keyword wins over the config
+    [r] = _gen(short, [prompt], [0], params=SamplingParams(max_new_tokens=2), max_prompt_tokens=20)
+    assert r.prompt_ids == full[-20:]
 
 
 # --- Rollout fields (scripted model) ----------------------------------------------------------

@@ -177,3 +177,20 @@ def test_refuses_to_overwrite_a_run(tiny, hashed_grader, tmp_path):
     train(cfg, policies=tiny, progress=False)
     with pytest.raises(FileExistsError, match="resume"):
         train(cfg, policies=tiny, progress=False)
+
+
+def test_code_task_round_runs_on_handwritten_problems(tiny, tmp_path):
+    # task: code — the same loop, graded by the sandboxed code grader (real, not hashed:
+    # the tiny model writes no program, so every reward is 0 and nothing crashes).
+    cfg = _cfg(tmp_path, task="code", dataset="code_handwritten", num_generations=2, steps=1)
+    trainer = Trainer(cfg, policies=tiny, progress=False)
+    row, rnd = trainer.train_step(1)
+    assert rnd.c_draft == [0] * len(rnd.drafts) and rnd.c_challenge == [0] * len(rnd.challenges)
+    assert "```python" in prompts.CODE_SYSTEM and rnd.problems[0]["tests"]
+    assert row["drafter/skipped_zero_adv"] == 1 and row["challenger/skipped_zero_adv"] == 1
+
+
+def test_code_summary_drops_the_final_program():
+    text = "Read n, print its double.\n```python\nn = int(input())\nprint(2 * n)\n```"
+    think, summary, answer = agonlib.split_completion(text, thinking=False, task="code")
+    assert summary == "Read n, print its double." and "print(2 * n)" in answer

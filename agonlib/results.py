@@ -1,0 +1,84 @@
+"""The results table: every recorded run of a profile, read only from run directories.
+
+``collect(profile)`` reads ``experiments/runs/<profile>/*/`` (``config.json``,
+``metrics.jsonl``, ``final_eval.json``) into one pandas DataFrame — one row per
+(run, system) — and writes ``experiments/results/<profile>.csv`` and ``.md``.
+Runs without a ``final_eval.json`` are listed with their training figures only.
+Nothing is re-evaluated here: evaluation writes ``final_eval.json`` once
+(``agonlib.evaluate``), and this module only reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .config import REPO_ROOT, RUNS_DIR
+
+RESULTS_DIR = REPO_ROOT / "experiments" / "results"
+COLUMNS = ["run", "system", "pass@1", "pass@k", "mean_final_len", "tokens_per_problem", "n_problems",
+           "steps", "wall_time_s", "seed"]
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_rows(run_dir: Path) -> list[dict]:
+    """One row per evaluated system of a run directory (or one training-only row)."""
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    common = {
+        "run": config.get("run_name", run_dir.name),
+        "steps": metrics[-1]["step"] if metrics else 0,
+        "wall_time_s": sum(r.get("time/step_s", 0.0) for r in metrics),
+        "seed": config.get("seed"),
+    }
+    final = run_dir / "final_eval.json"
+    if not final.exists():
+        return [{**common, "system": "(not evaluated)"}]
+    evaluation = json.loads(final.read_text())
+    rows = []
+    for system, res in evaluation.items():
+        if not isinstance(res, dict) or "pass@1" not in res:
+            continue
+        ks = sorted((key for key in res if key.startswith("pass@") and key != "pass@1"),
+                    key=lambda key: int(key.split("@")[1]))
+        rows.append({
+            **common, "system": system, "pass@1": res["pass@1"],
+            "pass@k": res[ks[-1]] if ks else None,
+            "mean_final_len": res.get("mean_final_len"), "tokens_per_problem": res.get("tokens_per_problem"),
+            "n_problems": res.get("n_problems"),
+        })
+    return rows
+
+
+def collect(profile: str, runs_dir: str | Path | None = None, write: bool = True):
+    """Every recorded run of ``profile`` as a DataFrame; also written as CSV and Markdown."""
+    import pandas as pd
+
+    root = Path(runs_dir) if runs_dir else RUNS_DIR / profile
+    rows = []
+    for run_dir in sorted(p for p in root.glob("*") if (p / "config.json").exists()):
+        rows.extend(run_rows(run_dir))
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    if write:
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        table.to_csv(RESULTS_DIR / f"{profile}.csv", index=False)
+        (RESULTS_DIR / f"{profile}.md").write_text(to_markdown(table) + "\n")
+    return table
+
+
+def to_markdown(table) -> str:
+    """A GitHub table without the optional ``tabulate`` dependency."""
+    def cell(v):
+        if v is None or (isinstance(v, float) and v != v):
+            return "—"
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    head = "| " + " | ".join(table.columns) + " |"
+    rule = "|" + "|".join("---" for _ in table.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join([head, rule, *body])

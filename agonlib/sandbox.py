@@ -242,6 +242,11 @@ class RunResult:
                 f"stdout={self.stdout[:60]!r}{'…' if len(self.stdout) > 60 else ''})")
 
 
+# The real interpreter, not a virtualenv's link to it: a venv under /tmp would vanish
+# behind the sandbox's private /tmp (and -I ignores the venv's packages anyway).
+PYTHON = os.path.realpath(sys.executable)
+
+
 @functools.lru_cache(maxsize=1)
 def _blocked_prefix() -> list[str] | None:
     """``[hidden_dir, prefix]`` if another uid cannot reach the interpreter, else ``None``."""
@@ -293,7 +298,7 @@ def protections() -> dict[str, object]:
     with _probe_lock:
         if not PROTECTIONS:
             for i, (name, level) in enumerate(_levels()):
-                res = _run("print(6 * 7)", "", 5.0, level)
+                res = _run("print(6 * 7)", "", 30.0, level)  # generous: a loaded machine is slow to start
                 if res.status == "ok" and res.stdout.strip() == "42":
                     PROTECTIONS.update(_describe(name, level), _level=level)
                     if i:
@@ -354,10 +359,10 @@ def _run(code: str, stdin: str, time_limit_s: float, level: dict,
             "rlimits": [("RLIMIT_CPU", math.ceil(time_limit_s) + 1), ("RLIMIT_AS", mem_bytes),
                         ("RLIMIT_FSIZE", FILE_LIMIT), ("RLIMIT_NPROC", nproc),
                         ("RLIMIT_NOFILE", NOFILE_LIMIT), ("RLIMIT_CORE", 0)],
-            "argv": [sys.executable, "-I", "solution.py"], "env": env,
+            "argv": [PYTHON, "-I", "solution.py"], "env": env,
         }
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _LAUNCHER, json.dumps(cfg)], cwd=workdir, env=env,
+            [PYTHON, "-I", "-S", "-c", _LAUNCHER, json.dumps(cfg)], cwd=workdir, env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)  # its own process group, killed as one below
         try:

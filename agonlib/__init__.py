@@ -20,6 +20,8 @@ _EXPORTS = {
     "extract_summary": "parsing",
     "grade_math": "verify",
     "grade_code": "sandbox",
+    "train": "trainer",
+    "evaluate": "evaluation",
 }
 _SUBMODULES = ("results",)
 

@@ -88,7 +88,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from pathlib import Path
 
-    from .evaluate import evaluate
+    from .evaluation import evaluate
 
     target = args.target
     if not Path(target).is_dir():  # a profile or YAML: evaluate that config's untrained policies
@@ -99,26 +99,27 @@ def cmd_eval(args) -> int:
     for name, row in result.items():
         if isinstance(row, dict) and "pass@1" in row:
             print(f"{name:12s} {row['pass@1']:7.3f} {row['mean_final_len']:10.1f} {row['tokens_per_problem']:15.1f}")
-    if "A_B_disagreement" in result:
-        print(f"A/B answer disagreement: {result['A_B_disagreement']:.3f}")
+    disagree = result.get("meta", {}).get("A_B_disagreement")
+    if disagree is not None:
+        print(f"A/B answer disagreement: {disagree:.3f}")
     return 0
 
 
 def cmd_solve(args) -> int:
-    import json
     from pathlib import Path
 
-    from .evaluate import _latest_adapters
+    from .evaluation import _latest_adapters, load_run_config
     from .models import load_policies
     from .rollouts import generate, sample_seed
 
     run_dir = Path(args.run)
-    values = json.loads((run_dir / "config.json").read_text())["config"]
-    config = load_config(values.pop("profile"), **values)
-    policies = load_policies(config)
+    config = load_run_config(run_dir)
+    if config.mode == "grpo":
+        raise SystemExit(f"{run_dir} is a vanilla GRPO run (one adapter): there is no cascade to solve with.")
     adapters = _latest_adapters(run_dir)
     if adapters is None:
         raise SystemExit(f"{run_dir} has no complete checkpoint to solve with.")
+    policies = load_policies(config)
     for name in ("A", "B"):
         policies.load_adapter(name, adapters)
     from . import prompts
@@ -138,9 +139,10 @@ def cmd_solve(args) -> int:
 
 def cmd_reproduce(args) -> int:
     print(
-        "agonlib reproduce: the trainer, evaluation and notebooks are not built yet (see the README's "
-        "status section).\nUntil they are, the main job runs one draft → summary → challenge round "
-        f"on the {args.profile!r} profile.\n", flush=True)
+        "agonlib reproduce: the numbered notebooks and figures are not built yet (see the README's status).\n"
+        "Training and evaluation exist: python -m agonlib train cpu --cell agon, then python -m agonlib eval "
+        "<run dir>.\nUntil the notebooks land, the main job plays and prints one draft → summary → challenge "
+        f"round on the {args.profile!r} profile.\n", flush=True)
     args.problems, args.generations, args.cell = 2, 2, None
     return cmd_round(args)
 
@@ -179,10 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     p_repro.set_defaults(func=cmd_reproduce)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from .models import AssetError
+    from .trainer import CheckpointError
+
     try:
         return args.func(args)
     except ConfigError as err:
         print(f"Config error: {err}", file=sys.stderr)
+        return 2
+    except (AssetError, CheckpointError, FileExistsError, FileNotFoundError) as err:
+        print(f"Error: {err}", file=sys.stderr)
         return 2
 
 

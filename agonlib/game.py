@@ -21,12 +21,16 @@ import time
 from dataclasses import dataclass, field
 
 from . import prompts, rewards
-from .parsing import mask_answer
+from .parsing import MASK, mask_answer
 from .rollouts import GenerationStats, Rollout, SamplingParams, generate, sample_seed
 
 
 def roles_for_step(step: int, roles: str = "rotate", mode: str = "agon") -> tuple[str, str | None]:
-    """``(drafter, challenger)`` for 1-based ``step``: rotate gives A, B, A, B… as drafter."""
+    """``(drafter, challenger)`` for 1-based ``step``: rotate gives A, B, A, B… as drafter.
+
+    DESIGN.md's ``t`` is 0-based (``t = step − 1``): A drafts on even ``t``, so on
+    odd ``step`` as logged in ``metrics.jsonl``.
+    """
     if mode == "grpo":
         return "A", None
     if roles == "fixed" or step % 2 == 1:
@@ -47,9 +51,21 @@ def grade(rollouts: list[Rollout], problems: list[dict], config) -> list[int]:
                             thinking=config.thinking, timeout_s=config.grade_timeout_s)
 
 
-def leaks(summary: str, gold) -> bool:
-    """Does the summary still state the gold answer (a whole-token occurrence, as masking sees it)?"""
-    return gold is not None and bool(summary) and mask_answer(summary, str(gold)) != summary
+def leaks(summary: str, gold, question: str = "") -> bool:
+    """Does the summary still state the gold answer?
+
+    The rule (a text check, not math-verify): the gold occurs in the summary as a
+    whole token, as masking sees it, and not merely because the question itself
+    contains it. Equivalent forms (``0.5`` for ``1/2``) are not caught.
+    """
+    if gold is None or not summary:
+        return False
+    return _occurrences(summary, str(gold)) > _occurrences(question, str(gold))
+
+
+def _occurrences(text: str, gold: str) -> int:
+    """Whole-token occurrences of ``gold`` in ``text``."""
+    return mask_answer(text, gold).count(MASK) - text.count(MASK)
 
 
 @dataclass
@@ -65,7 +81,9 @@ class Round:
     c_challenge: list[int] = field(default_factory=list)
     r_challenge: list[rewards.RewardParts] = field(default_factory=list)
     leaked: list[bool] = field(default_factory=list)
-    generation: GenerationStats = field(default_factory=GenerationStats)
+    summary_tokens: list[int] = field(default_factory=list)
+    draft_generation: GenerationStats = field(default_factory=GenerationStats)
+    challenge_generation: GenerationStats = field(default_factory=GenerationStats)
     grade_seconds: float = 0.0
 
     @property
@@ -74,24 +92,30 @@ class Round:
 
     def metrics(self) -> dict:
         """Per-role figures of DESIGN.md §6 (rollout side), keyed ``drafter/…`` and ``challenger/…``."""
-        out = _role_metrics("drafter", self.drafts, self.c_draft, self.r_draft, self.group_size)
+        out = _role_metrics("drafter", self.drafts, self.c_draft, self.r_draft, self.group_size,
+                            self.draft_generation)
         if self.challenges:
             out.update(_role_metrics("challenger", self.challenges, self.c_challenge, self.r_challenge,
-                                     self.group_size))
+                                     self.group_size, self.challenge_generation))
             pairs = rewards.pair_stats(self.c_draft, self.c_challenge,
                                        [d.length for d in self.drafts], [c.length for c in self.challenges])
             out.update({f"challenger/{k}": v for k, v in pairs.rates().items()})
-            out["challenger/summary_len_mean"] = statistics.fmean(len(d.summary) for d in self.drafts)
+            out["challenger/conversion_bonus_mean"] = statistics.fmean(p.conversion for p in self.r_challenge)
+            out["challenger/tiebreak_bonus_mean"] = statistics.fmean(p.tiebreak for p in self.r_challenge)
+            out["challenger/summary_len_mean"] = statistics.fmean(self.summary_tokens)  # tokens
             out["challenger/leak_rate"] = statistics.fmean(self.leaked) if self.leaked else 0.0
+        gens = (self.draft_generation, self.challenge_generation)
         out.update({
-            "time/generate_s": self.generation.seconds,
+            "time/generate_s": sum(g.seconds for g in gens),
             "time/grade_s": self.grade_seconds,
-            "tokens/generated": self.generation.tokens,
+            "tokens/generated": sum(g.tokens for g in gens),
+            "prompts/truncated": sum(g.prompts_truncated for g in gens),
         })
         return out
 
 
-def _role_metrics(role: str, rollouts: list[Rollout], correct: list[int], parts, group: int) -> dict:
+def _role_metrics(role: str, rollouts: list[Rollout], correct: list[int], parts, group: int,
+                  generation: GenerationStats) -> dict:
     totals = rewards.totals(parts)
     lengths = [r.length for r in rollouts]
     groups = [totals[i : i + group] for i in range(0, len(totals), group)]
@@ -104,6 +128,8 @@ def _role_metrics(role: str, rollouts: list[Rollout], correct: list[int], parts,
         f"{role}/len_median": statistics.median(lengths),
         f"{role}/len_max": max(lengths),
         f"{role}/truncation_rate": statistics.fmean(r.truncated for r in rollouts),
+        f"{role}/generate_s": generation.seconds,
+        f"{role}/tokens": generation.tokens,
     }
 
 
@@ -113,23 +139,23 @@ def play_round(policies, problems: list[dict], step: int, config=None, *, progre
     tok, task, thinking = policies.tokenizer, config.task, config.thinking
     drafter, challenger = roles_for_step(step, config.roles, config.mode)
     G = config.generations_per_problem
-    stats = GenerationStats()
+    rnd_stats = (GenerationStats(), GenerationStats())  # drafts, challenges
     sampling = dict(params=SamplingParams.from_config(config), thinking=thinking, task=task,
-                    max_prompt_tokens=config.max_prompt_tokens, progress=progress, stats=stats)
+                    max_prompt_tokens=config.max_prompt_tokens, progress=progress)
 
     draft_text = [prompts.render(tok, prompts.draft_prompt(p["question"], task), thinking) for p in problems]
     drafts = generate(
         policies, [draft_text[i // G] for i in range(len(problems) * G)], drafter,
         [sample_seed(config.seed, step, i // G, i % G, "draft") for i in range(len(problems) * G)],
-        desc=f"step {step}: drafts ({drafter})", **sampling,
+        desc=f"step {step}: drafts ({drafter})", stats=rnd_stats[0], **sampling,
     )
     paired = [problems[i // G] for i in range(len(drafts))]  # the problem of each rollout
     start = time.perf_counter()
     c_draft = grade(drafts, paired, config)
     grade_seconds = time.perf_counter() - start
     r_draft = [rewards.drafter_reward(c) for c in c_draft]
-    rnd = Round(step, drafter, challenger, problems, drafts, c_draft, r_draft, generation=stats,
-                grade_seconds=grade_seconds)
+    rnd = Round(step, drafter, challenger, problems, drafts, c_draft, r_draft, draft_generation=rnd_stats[0],
+                challenge_generation=rnd_stats[1], grade_seconds=grade_seconds)
     if config.mode == "grpo":
         return rnd
 
@@ -143,7 +169,7 @@ def play_round(policies, problems: list[dict], step: int, config=None, *, progre
     rnd.challenges = generate(
         policies, challenge_text, challenger,
         [sample_seed(config.seed, step, i // G, i % G, "challenge") for i in range(len(drafts))],
-        desc=f"step {step}: challenges ({challenger})", **sampling,
+        desc=f"step {step}: challenges ({challenger})", stats=rnd_stats[1], **sampling,
     )
     start = time.perf_counter()
     rnd.c_challenge = grade(rnd.challenges, paired, config)
@@ -153,5 +179,6 @@ def play_round(policies, problems: list[dict], step: int, config=None, *, progre
         [c.length for c in rnd.challenges], [d.length for d in drafts],
         lambda_conv=config.lambda_conv, lambda_len=config.lambda_len,
     )
-    rnd.leaked = [leaks(d.summary, p.get("answer")) for d, p in zip(drafts, paired)]
+    rnd.leaked = [leaks(d.summary, p.get("answer"), p["question"]) for d, p in zip(drafts, paired)]
+    rnd.summary_tokens = [len(tok(d.summary, add_special_tokens=False)["input_ids"]) for d in drafts]
     return rnd

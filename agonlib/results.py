@@ -5,7 +5,7 @@
 (run, system) — and writes ``experiments/results/<profile>.csv`` and ``.md``.
 Runs without a ``final_eval.json`` are listed with their training figures only.
 Nothing is re-evaluated here: evaluation writes ``final_eval.json`` once
-(``agonlib.evaluate``), and this module only reads.
+(``agonlib.evaluate``, in ``agonlib.evaluation``), and this module only reads.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ COLUMNS = ["run", "system", "pass@1", "pass@k", "mean_final_len", "tokens_per_pr
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    from .trainer import read_jsonl
+
+    return read_jsonl(path)
 
 
 def run_rows(run_dir: Path) -> list[dict]:

@@ -13,6 +13,7 @@ then top-p (nucleus), then one multinomial draw.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -20,6 +21,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .parsing import split_completion
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class GenerationStats:
     seconds: float = 0.0
     tokens: int = 0  # generated, padding excluded
     decode_steps: int = 0
+    prompts_truncated: int = 0  # prompts longer than max_prompt_tokens, cut from the left
 
 
 def sample_seed(seed: int, step: int, problem: int, sample: int, role: str = "") -> int:
@@ -153,8 +157,14 @@ def generate(policies, prompts: list[str], adapter: str | None, seeds: list[int]
         chunk, chunk_seeds = prompts[lo : lo + batch_size], seeds[lo : lo + batch_size]
         unique = list(dict.fromkeys(chunk))  # each distinct prompt is prefilled once
         rows = [unique.index(p) for p in chunk]
+        cut = sum(len(ids) > max_prompt_tokens for ids in tok(unique, add_special_tokens=False)["input_ids"])
         enc = tok(unique, return_tensors="pt", padding=True, add_special_tokens=False,
                   truncation=True, max_length=max_prompt_tokens)
+        if cut:
+            log.warning("%d prompt(s) longer than max_prompt_tokens=%d were cut from the left.",
+                        cut, max_prompt_tokens)
+            if stats is not None:
+                stats.prompts_truncated += cut
         enc = {k: v.to(policies.device) for k, v in enc.items()}
         with policies.use(adapter):
             new = sample_batch(policies.model, enc["input_ids"], enc["attention_mask"], chunk_seeds, params,

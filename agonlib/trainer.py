@@ -19,14 +19,18 @@ Departures from DESIGN.md §2, all deliberate:
 
 1. A role whose advantages are all zero (every group all-right or all-wrong)
    with ``beta = 0`` has a loss of exactly zero; its forward/backward pass is
-   skipped, but the optimizer still steps with zero gradients, so AdamW's
-   moments evolve exactly as in TRL (which computes the zero loss).
+   skipped, but the optimizer still steps (``num_iterations`` times) with zero
+   gradients, so AdamW's moments evolve exactly as in TRL (which computes the
+   zero loss). Its clip fraction is logged as 0.
 2. With ``beta = 0``, sequences whose advantage is exactly zero (their whole
    group got one reward) add exactly zero to every loss type's value and
    gradient, so they are left out of the forward/backward pass; the loss keeps
    the whole batch's denominators (sequence and token counts), so the update is
-   the same as TRL's on the full batch — only cheaper.
-3. Periodic evaluation (``eval.jsonl``, every ``eval_every`` steps and at the
+   the same as TRL's on the full batch — only cheaper. The logged clip fraction
+   is over the kept tokens only, so it reads higher than TRL's.
+4. KL to the base is computed (and logged) only when ``beta > 0``: with the
+   default ``beta = 0`` it costs a forward pass per role that nothing uses.
+5. Periodic evaluation (``eval.jsonl``, every ``eval_every`` steps and at the
    end) uses one sample per problem on the first ``eval_problems`` held-out
    problems; the final evaluation (``agonlib.evaluate``) is separate.
 """
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import random
@@ -128,10 +133,10 @@ class Trainer:
         adv = group_advantages(rewards, group, cfg.scale_rewards)  # (B,)
         optimizer = self.optimizers[adapter]
         if cfg.beta == 0 and not adv.abs().gt(0).any():
-            optimizer.zero_grad(set_to_none=False)  # departure 1: zero loss, the moments still step
-            for p in pol.params(adapter):
-                p.grad = torch.zeros_like(p)
-            optimizer.step()
+            for _ in range(cfg.num_iterations):  # departure 1: zero loss, the moments still step
+                for p in pol.params(adapter):
+                    p.grad = torch.zeros_like(p)
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             return {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "skipped_zero_adv": 1}
         keep = [i for i in range(len(rollouts)) if adv[i] != 0 or cfg.beta > 0]  # departure 2
@@ -198,7 +203,7 @@ class Trainer:
 
     def periodic_eval(self, step: int) -> dict:
         """pass@1 of each adapter and both cascades on the first ``eval_problems`` held-out problems."""
-        from .evaluate import evaluate_policies
+        from .evaluation import evaluate_policies
         from .models import adapter_divergence
 
         cfg = self.config
@@ -254,6 +259,9 @@ class Trainer:
             log.warning("Ignoring partial checkpoint %s (no %s marker).", p, CHECKPOINT_DONE)
         return complete
 
+    # Keys that may differ between a checkpoint and the run resuming it.
+    RESUMABLE_CHANGES = ("steps", "resume", "out_dir", "checkpoint_every", "eval_every", "log_rollouts_every")
+
     def load_checkpoint(self, path: Path) -> None:
         try:
             state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
@@ -266,6 +274,13 @@ class Trainer:
             way_out = (f"Delete it to resume from {older[-1]}." if older else "No older checkpoint exists.")
             raise CheckpointError(f"Checkpoint {path} cannot be loaded ({type(err).__name__}: {err}). "
                                   f"{way_out}") from None
+        saved = state.get("config", {})
+        changed = sorted(k for k, v in self.config.to_dict().items()
+                         if k in saved and saved[k] != v and k not in self.RESUMABLE_CHANGES)
+        if changed:
+            raise CheckpointError(
+                f"Checkpoint {path} was written by a run with other settings ({', '.join(changed)}); "
+                "resume it with the same config, or start a new run in another out_dir.")
         random.setstate(state["rng"]["python"])
         torch.set_rng_state(state["rng"]["torch"])
         self.step = int(state["step"])
@@ -286,17 +301,40 @@ class Trainer:
 
 # --- records ---------------------------------------------------------------------
 
+def _jsonable(value):
+    """NaN and infinities become null: strict JSON for every reader, not only Python's."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def _append_jsonl(path: Path, row: dict) -> None:
     with open(path, "a") as f:
-        f.write(json.dumps(row, default=float) + "\n")
+        f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}, default=float) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSONL file; a line that does not parse (a kill mid-write) is skipped with a warning."""
+    if not Path(path).exists():
+        return []
+    rows, bad = [], 0
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            bad += 1
+    if bad:
+        log.warning("%s: skipped %d line(s) that are not valid JSON (a write cut short?).", path, bad)
+    return rows
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
     if not path.exists():
         return
-    rows = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in rows if json.loads(line).get("step", 0) <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    kept = [row for row in read_jsonl(path) if row.get("step", 0) <= last_step]
+    path.write_text("".join(json.dumps(row) + "\n" for row in kept))
 
 
 def _postfix(row: dict) -> dict:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 import agonlib
-from agonlib import evaluate, prompts, results
+from agonlib import evaluation as evaluate, prompts, results
 from agonlib.parsing import split_completion
 from agonlib.rollouts import Rollout
 
@@ -121,3 +121,11 @@ def test_results_collect_reads_only_run_directories(tmp_path):
     assert got[("agon", "A")]["pass@k"] == pytest.approx(0.6)
     assert got[("grpo", "grpo")]["steps"] == 3 and got[("grpo", "grpo")]["wall_time_s"] == 6.0
     assert "| agon | cascade_AB | 0.600 |" in results.to_markdown(table)
+
+
+def test_public_api_functions_stay_callable():
+    # DESIGN §7: agonlib.train and agonlib.evaluate are functions, also after the trainer is imported.
+    import agonlib.trainer  # noqa: F401
+
+    assert callable(agonlib.train) and callable(agonlib.evaluate)
+    assert callable(agonlib.results.collect)

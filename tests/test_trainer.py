@@ -140,7 +140,7 @@ def test_grpo_mode_trains_only_adapter_a(tiny, hashed_grader, tmp_path):
 
 def _metric_rows(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    return [{k: v for k, v in r.items() if not (k.startswith("time/") or k.endswith("_s"))} for r in rows]  # timings vary
 
 
 def test_resume_replays_the_uninterrupted_run(tiny, hashed_grader, tmp_path):

@@ -8,8 +8,12 @@ Systems, each on the same problems and the same sampling settings:
   adapter drafts one solution, the second reads its summary (the same
   :func:`agonlib.parsing.extract_summary` the trainer uses) and its answer counts;
 * ``moa`` — the untrained Mixture-of-Agents baseline: ``K`` base-model
-  proposals, then a base-model aggregator that reads them (final answers
-  included) and answers.
+  proposals, then a base-model aggregator that reads their final texts (final
+  answers included, thinking left out) and answers.
+
+The cascade always uses the challenge prompt (exchange), framed by the run's
+``reward`` (rival or teammate) — also for a run trained without exchange, whose
+challenger never saw that prompt in training.
 
 pass@1 is the mean correctness over ``n`` samples per problem; pass@k is the
 unbiased estimator ``1 − C(n−c, k) / C(n, k)``. "Final-stage length" is the
@@ -20,13 +24,17 @@ cascade, the aggregator's in MoA); ``tokens_per_problem`` counts every stage.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 from pathlib import Path
 
 from . import prompts
 from .game import grade
+from .parsing import final_text
 from .rollouts import generate, sample_seed
+
+log = logging.getLogger(__name__)
 
 SYSTEMS = ("base", "A", "B", "cascade_AB", "cascade_BA", "moa", "grpo")
 _ADAPTER = {"base": None, "A": "A", "B": "B", "grpo": "A"}
@@ -83,7 +91,9 @@ def run_system(policies, problems: list[dict], system: str, config, *, samples: 
         proposals = [generate(policies, draft_text, None, seeds(f"proposal{k}"), desc=f"eval moa {k + 1}/{K}",
                               **opts) for k in range(K)]
         spent = [sum(p[i].length for p in proposals) for i in range(n_items)]
-        agg_text = [_render(policies, config, prompts.moa_prompt(q["question"], [p[i].text for p in proposals], task))
+        # Each proposal's final text (its answer included), not its thinking: K traces would not fit.
+        agg_text = [_render(policies, config, prompts.moa_prompt(
+                        q["question"], [final_text(p[i].text, config.thinking) or "" for p in proposals], task))
                     for i, q in enumerate(paired)]
         final = generate(policies, agg_text, None, seeds("aggregate"), desc="eval moa aggregate", **opts)
     correct = grade(final, paired, config)
@@ -136,39 +146,65 @@ def evaluate_policies(policies, problems: list[dict], config, systems=None, *, s
 
 
 def _latest_adapters(run_dir: Path) -> Path | None:
+    """The adapters of a run's newest complete checkpoint (``None`` without one)."""
     ckpts = sorted(p for p in (run_dir / "checkpoints").glob("step-*")
-                   if p.is_dir() and (p / "COMPLETE").exists())
+                   if p.is_dir() and not p.name.endswith(".tmp") and (p / "COMPLETE").exists())
     return ckpts[-1] / "adapters" if ckpts else None
+
+
+def load_run_config(run_dir: Path):
+    """The config a run directory was trained with (its ``config.json``), with clear errors."""
+    from .config import ConfigError, load_config
+
+    saved = Path(run_dir) / "config.json"
+    if not saved.exists():
+        raise FileNotFoundError(f"{run_dir} has no config.json: is it a run directory?")
+    try:
+        values = dict(json.loads(saved.read_text())["config"])
+        return load_config(values.pop("profile"), **values)
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ConfigError(f"{saved} is not a readable run config ({type(err).__name__}: {err}).") from None
 
 
 def evaluate(run_dir_or_config, systems=None, *, n_problems: int | None = None, samples: int | None = None,
              policies=None, progress: bool = True) -> dict:
     """Final evaluation of a run directory (its newest checkpoint) or of a config's untrained policies.
 
-    Writes ``final_eval.json`` into the run directory and returns the same dict.
+    A run directory's results go to its ``final_eval.json``; a config's (untrained
+    adapters) to ``experiments/runs/<profile>/untrained/`` unless it names an
+    ``out_dir``. Systems already in the file and not re-evaluated are kept.
     """
-    from .config import Config, load_config
+    from .config import RUNS_DIR, Config
     from .data import problems_for
     from .models import load_policies
 
+    adapters = None
     if isinstance(run_dir_or_config, Config):
-        config, run_dir = run_dir_or_config, run_dir_or_config.run_dir
+        config = run_dir_or_config
+        run_dir = Path(config.out_dir) if config.out_dir else RUNS_DIR / config.profile / "untrained"
+        policies = policies or load_policies(config)
     else:
         run_dir = Path(run_dir_or_config)
-        saved = run_dir / "config.json"
-        if not saved.exists():
-            raise FileNotFoundError(f"{run_dir} has no config.json: is it a run directory?")
-        values = json.loads(saved.read_text())["config"]
-        config = load_config(values.pop("profile"), **values)
-    policies = policies or load_policies(config)
-    adapters = _latest_adapters(run_dir) if run_dir.exists() else None
-    if adapters is not None:
-        for name in ("A",) if config.mode == "grpo" else ("A", "B"):
-            policies.load_adapter(name, adapters)
+        config = load_run_config(run_dir)
+        policies = policies or load_policies(config)
+        adapters = _latest_adapters(run_dir)
+        if adapters is None:
+            log.warning("%s has no complete checkpoint: evaluating untrained adapters.", run_dir)
+        else:
+            try:
+                for name in ("A",) if config.mode == "grpo" else ("A", "B"):
+                    policies.load_adapter(name, adapters)
+            except RuntimeError as err:
+                raise RuntimeError(f"The adapters in {adapters} do not fit {config.model}: "
+                                   f"{str(err).splitlines()[0]}") from None
     problems = problems_for(config, "test")[: n_problems or config.eval_problems]
-    result = {"run": config.run_name, "profile": config.profile, "seed": config.seed,
-              "checkpoint": str(adapters.parent) if adapters else None,
-              **evaluate_policies(policies, problems, config, systems, samples=samples, progress=progress)}
+    found = evaluate_policies(policies, problems, config, systems, samples=samples, progress=progress)
+    path = run_dir / "final_eval.json"
+    result = json.loads(path.read_text()) if path.exists() else {}
+    result.update({k: v for k, v in found.items() if k != "A_B_disagreement"})
+    result["meta"] = {"run": config.run_name, "profile": config.profile, "seed": config.seed,
+                      "checkpoint": str(adapters.parent) if adapters else None,
+                      "A_B_disagreement": found.get("A_B_disagreement", result.get("meta", {}).get("A_B_disagreement"))}
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "final_eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    path.write_text(json.dumps(result, indent=2) + "\n")
     return result

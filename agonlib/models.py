@@ -227,6 +227,7 @@ def _fix_special_tokens(model, tokenizer) -> None:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = "<|endoftext|>" if "<|endoftext|>" in tokenizer.get_vocab() else tokenizer.eos_token
     tokenizer.padding_side = "left"
+    tokenizer.clean_up_tokenization_spaces = False  # BPE: the clean-up would eat spaces before punctuation
     tokenizer.truncation_side = "left"  # an over-long prompt keeps its end: the question and the turn marker
     eos = model.generation_config.eos_token_id  # keep every stop id the model ships (Qwen3: two)
     eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])

@@ -17,7 +17,7 @@ from .config import REPO_ROOT, RUNS_DIR
 
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 COLUMNS = ["run", "system", "pass@1", "pass@k", "mean_final_len", "tokens_per_problem", "n_problems",
-           "steps", "wall_time_s", "seed"]
+           "steps", "eval_step", "wall_time_s", "seed"]
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -35,11 +35,15 @@ def run_rows(run_dir: Path) -> list[dict]:
         "steps": metrics[-1]["step"] if metrics else 0,
         "wall_time_s": sum(r.get("time/step_s", 0.0) for r in metrics),
         "seed": config.get("seed"),
+        "eval_step": None,
     }
     final = run_dir / "final_eval.json"
     if not final.exists():
         return [{**common, "system": "(not evaluated)"}]
     evaluation = json.loads(final.read_text())
+    checkpoint = (evaluation.get("meta") or {}).get("checkpoint")
+    # The step of the checkpoint that was evaluated (training may have gone on past it).
+    common["eval_step"] = int(checkpoint.rsplit("step-", 1)[1]) if checkpoint and "step-" in checkpoint else None
     rows = []
     for system, res in evaluation.items():
         if not isinstance(res, dict) or "pass@1" not in res:

@@ -147,8 +147,9 @@ def evaluate_policies(policies, problems: list[dict], config, systems=None, *, s
 
 def _latest_adapters(run_dir: Path) -> Path | None:
     """The adapters of a run's newest complete checkpoint (``None`` without one)."""
-    ckpts = sorted(p for p in (run_dir / "checkpoints").glob("step-*")
-                   if p.is_dir() and not p.name.endswith(".tmp") and (p / "COMPLETE").exists())
+    from .trainer import complete_checkpoints
+
+    ckpts = complete_checkpoints(run_dir)
     return ckpts[-1] / "adapters" if ckpts else None
 
 

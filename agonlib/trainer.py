@@ -67,6 +67,18 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be loaded; the message names it and the way out."""
 
 
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """A run's complete checkpoints, oldest first; partial ones (no marker, ``.tmp``) are skipped."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.exists():
+        return []
+    found = sorted(p for p in root.glob("step-*") if p.is_dir())
+    complete = [p for p in found if not p.name.endswith(".tmp") and (p / CHECKPOINT_DONE).exists()]
+    for p in sorted(set(found) - set(complete)):
+        log.warning("Ignoring partial checkpoint %s (no %s marker).", p, CHECKPOINT_DONE)
+    return complete
+
+
 # --- data order ------------------------------------------------------------------
 
 def problems_at(train: list[dict], step: int, per_step: int, seed: int) -> list[dict]:
@@ -250,14 +262,7 @@ class Trainer:
         return final
 
     def checkpoints(self) -> list[Path]:
-        """Complete checkpoints, oldest first; partial ones (no marker, ``.tmp``) are skipped."""
-        if not self.checkpoint_root.exists():
-            return []
-        found = sorted(p for p in self.checkpoint_root.glob("step-*") if p.is_dir())
-        complete = [p for p in found if not p.name.endswith(".tmp") and (p / CHECKPOINT_DONE).exists()]
-        for p in set(found) - set(complete):
-            log.warning("Ignoring partial checkpoint %s (no %s marker).", p, CHECKPOINT_DONE)
-        return complete
+        return complete_checkpoints(self.run_dir)
 
     # Keys that may differ between a checkpoint and the run resuming it.
     RESUMABLE_CHANGES = ("steps", "resume", "out_dir", "checkpoint_every", "eval_every", "log_rollouts_every")

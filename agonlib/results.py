@@ -20,16 +20,12 @@ COLUMNS = ["run", "system", "pass@1", "pass@k", "mean_final_len", "tokens_per_pr
            "steps", "eval_step", "wall_time_s", "seed"]
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    from .trainer import read_jsonl
-
-    return read_jsonl(path)
-
-
 def run_rows(run_dir: Path) -> list[dict]:
     """One row per evaluated system of a run directory (or one training-only row)."""
     config = json.loads((run_dir / "config.json").read_text())["config"]
-    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    from .trainer import read_jsonl
+
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
     common = {
         "run": config.get("run_name", run_dir.name),
         "steps": metrics[-1]["step"] if metrics else 0,

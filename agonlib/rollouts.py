@@ -134,6 +134,23 @@ def sample_batch(model, input_ids, attention_mask, seeds, params: SamplingParams
     return tokens[:, :steps]  # (B, T_new)
 
 
+def _left_padded(ids: list[list[int]], max_len: int, pad_id: int, device, stats=None) -> dict:
+    """Left-pad token lists into ``input_ids`` / ``attention_mask`` ``(U, T)``; over-long ones keep their end."""
+    cut = sum(len(x) > max_len for x in ids)
+    if cut:
+        log.warning("%d prompt(s) longer than max_prompt_tokens=%d were cut from the left.", cut, max_len)
+        if stats is not None:
+            stats.prompts_truncated += cut
+    ids = [x[-max_len:] for x in ids]
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, x in enumerate(ids):
+        input_ids[i, width - len(x) :] = torch.tensor(x, dtype=torch.long)
+        mask[i, width - len(x) :] = 1
+    return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
+
+
 def generate(policies, prompts: list[str], adapter: str | None, seeds: list[int],
              params: SamplingParams | None = None, *, batch_size: int = 64, thinking: bool | None = None,
              task: str | None = None, max_prompt_tokens: int | None = None, desc: str = "",
@@ -155,17 +172,10 @@ def generate(policies, prompts: list[str], adapter: str | None, seeds: list[int]
     bar = tqdm(total=len(prompts), desc=desc or f"generate ({adapter or 'base'})", disable=not progress, leave=False)
     for lo in range(0, len(prompts), batch_size):
         chunk, chunk_seeds = prompts[lo : lo + batch_size], seeds[lo : lo + batch_size]
-        unique = list(dict.fromkeys(chunk))  # each distinct prompt is prefilled once
-        rows = [unique.index(p) for p in chunk]
-        cut = sum(len(ids) > max_prompt_tokens for ids in tok(unique, add_special_tokens=False)["input_ids"])
-        enc = tok(unique, return_tensors="pt", padding=True, add_special_tokens=False,
-                  truncation=True, max_length=max_prompt_tokens)
-        if cut:
-            log.warning("%d prompt(s) longer than max_prompt_tokens=%d were cut from the left.",
-                        cut, max_prompt_tokens)
-            if stats is not None:
-                stats.prompts_truncated += cut
-        enc = {k: v.to(policies.device) for k, v in enc.items()}
+        position = {p: i for i, p in enumerate(dict.fromkeys(chunk))}  # each distinct prompt prefilled once
+        rows = [position[p] for p in chunk]
+        enc = _left_padded(tok(list(position), add_special_tokens=False)["input_ids"], max_prompt_tokens,
+                           tok.pad_token_id, policies.device, stats)
         with policies.use(adapter):
             new = sample_batch(policies.model, enc["input_ids"], enc["attention_mask"], chunk_seeds, params,
                                policies.stop_token_ids, tok.pad_token_id, rows=rows)

@@ -63,6 +63,7 @@ class Config:
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     device: str = "auto"  # auto | cpu | cuda
     backend: str = "auto"  # auto | transformers | unsloth
+    decoder: str = "auto"  # rollouts: auto (fast where supported) | fast | transformers (agonlib.decode)
     thinking: bool = False  # Qwen3 enable_thinking; also picks the summary rule
     tiny_hidden_size: int = 64  # shape of the tiny-qwen3 model
     tiny_layers: int = 2
@@ -124,6 +125,7 @@ class Config:
             "dtype": ("auto", "bfloat16", "float16", "float32"),
             "device": ("auto", "cpu", "cuda"),
             "backend": ("auto", "transformers", "unsloth"),
+            "decoder": ("auto", "fast", "transformers"),
             "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
             "scale_rewards": ("group", "batch", "none"),
             "dataset": ("synthetic", "deepmath", "code_handwritten", "codecontests"),

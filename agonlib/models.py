@@ -256,8 +256,8 @@ def lora_targets(model, targets="all-linear") -> list[str]:
     return targets
 
 
-def attach_adapters(model, config: Config):
-    """Wrap ``model`` with adapters ``A`` (standard init) and ``B`` (Gaussian init)."""
+def attach_adapters(model, config: Config, adapters: tuple[str, ...] = ADAPTERS):
+    """Wrap ``model`` with adapters ``A`` (standard init) and ``B`` (Gaussian init), or only those in ``adapters``."""
     from peft import LoraConfig, get_peft_model
 
     lora = LoraConfig(
@@ -267,7 +267,8 @@ def attach_adapters(model, config: Config):
     with torch.random.fork_rng(devices=[]):  # A's kaiming init must not consume the caller's RNG
         torch.manual_seed(config.seed)
         peft_model = get_peft_model(model, lora, adapter_name="A")
-        peft_model.add_adapter("B", lora)
+        if "B" in adapters:
+            peft_model.add_adapter("B", lora)
     gen = torch.Generator().manual_seed(config.seed + 1)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
@@ -402,13 +403,18 @@ class Policies:
             raise RuntimeError(f"Adapter {name!r} at {path} lacks {len(missing)} weights, e.g. {missing[0]}.")
 
 
-def load_policies(config: Config) -> Policies:
-    """Base model + tokenizer + adapters ``A`` and ``B`` (see the module docstring)."""
+def load_policies(config: Config, adapters: tuple[str, ...] = ADAPTERS) -> Policies:
+    """Base model + tokenizer + adapters ``A`` and ``B`` (see the module docstring).
+
+    ``adapters=("A",)`` leaves ``B`` out (the single-adapter model of ``benchmarks/``).
+    """
+    if "A" not in adapters or not set(adapters) <= set(ADAPTERS):
+        raise ValueError(f"adapters must be ('A',) or ('A', 'B'), not {adapters!r}.")
     start = time.perf_counter()
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device)
     base, tokenizer, backend = load_base(config, device, dtype)
-    model = attach_adapters(base, config).to(device)
+    model = attach_adapters(base, config, adapters).to(device)
     stops = {tokenizer.eos_token_id}
     eos = base.generation_config.eos_token_id
     stops.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])

@@ -82,9 +82,21 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def _draw(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]) -> torch.Tensor:
+def draw(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]) -> torch.Tensor:
+    """One token per row of ``(B, V)`` logits, row ``i`` drawn with ``generators[i]``; returns ``(B,)``.
+
+    Inverse-CDF sampling: one uniform per row against the float64 cumulative
+    distribution, the same categorical distribution as ``torch.multinomial``
+    (which would draw ``V`` exponentials per row: 1.3 ms each at ``V = 49k``
+    on this CPU). Tokens removed by top-k/top-p have zero mass and are never
+    drawn: the search lands on the first index whose cumulative mass exceeds
+    the uniform.
+    """
     probs = warp_logits(logits.float(), params).softmax(-1)  # (B, V)
-    return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])  # (B,)
+    cdf = probs.double().cumsum(-1)  # (B, V)
+    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=logits.device) for g in generators])  # (B,)
+    token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)  # (B,)
+    return token.clamp_(max=logits.shape[-1] - 1)
 
 
 @torch.no_grad()
@@ -115,11 +127,11 @@ def sample_batch(model, input_ids, attention_mask, seeds, params: SamplingParams
     live = torch.arange(B, device=device)  # the completion each running row belongs to
     steps = 0
     for t in tqdm(range(params.max_new_tokens), desc=desc or "generate", leave=False, disable=not progress):
-        token = _draw(logits, params, [generators[i] for i in live.tolist()])  # (b,)
+        token = draw(logits, params, [generators[i] for i in live.tolist()])  # (b,)
         tokens[live, t] = token
         steps = t + 1
         done = torch.isin(token, stops)
-        if done.all():
+        if done.all() or t + 1 == params.max_new_tokens:
             break
         if done.any():  # drop finished rows from the batch and the cache
             keep = (~done).nonzero().squeeze(1)
@@ -131,6 +143,51 @@ def sample_batch(model, input_ids, attention_mask, seeds, params: SamplingParams
         out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position,
                     past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1, :]
+    return tokens[:, :steps]  # (B, T_new)
+
+
+@torch.no_grad()
+def sample_fast(decoder, input_ids, attention_mask, seeds, params: SamplingParams,
+                stop_ids: list[int], pad_id: int, rows=None, desc: str = "", progress: bool = False):
+    """:func:`sample_batch` on an :class:`agonlib.decode.FastDecoder`: same arguments, same draws.
+
+    Finished rows keep decoding (their tokens are ignored) until a quarter of
+    the batch has finished; then they leave it in one copy of the KV cache,
+    instead of one copy per finished row.
+    """
+    device = input_ids.device
+    B, (U, width) = len(seeds), input_ids.shape
+    rows = torch.arange(B, device=device) if rows is None else torch.as_tensor(rows, device=device)
+    generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+    stops = torch.tensor(stop_ids, device=device)
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (U, T_prompt)
+    cache = decoder.new_cache(U, width + params.max_new_tokens)
+    logits = decoder.forward(input_ids, positions, attention_mask, cache)[rows]  # (B, V)
+    cache.select(rows)  # (U, ...) -> (B, ...)
+    key_mask = torch.cat([attention_mask[rows], attention_mask.new_zeros(B, params.max_new_tokens)], dim=1)
+    position = positions[rows, -1:]  # (B, 1)
+    tokens = torch.full((B, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
+    live = torch.arange(B, device=device)  # the completion each batch row belongs to
+    running = torch.ones(B, dtype=torch.bool, device=device)
+    steps = 0
+    for t in tqdm(range(params.max_new_tokens), desc=desc or "generate", leave=False, disable=not progress):
+        idx = running.nonzero().squeeze(1)
+        token = draw(logits[idx], params, [generators[i] for i in live[idx].tolist()])  # (b_running,)
+        tokens[live[idx], t] = token
+        steps = t + 1
+        running[idx[torch.isin(token, stops)]] = False
+        if not running.any() or t + 1 == params.max_new_tokens:
+            break
+        next_ids = torch.full((len(live), 1), pad_id, dtype=torch.long, device=device)
+        next_ids[idx, 0] = token
+        finished = len(live) - int(running.sum())
+        if finished and 4 * finished >= len(live):
+            keep = running.nonzero().squeeze(1)
+            cache.select(keep)
+            live, running, next_ids, key_mask, position = live[keep], running[keep], next_ids[keep], key_mask[keep], position[keep]
+        key_mask[:, width + t] = 1
+        position = position + 1
+        logits = decoder.forward(next_ids, position, key_mask, cache)
     return tokens[:, :steps]  # (B, T_new)
 
 
@@ -151,6 +208,22 @@ def _left_padded(ids: list[list[int]], max_len: int, pad_id: int, device, stats=
     return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
 
 
+def fast_decoder(policies, adapter: str | None):
+    """A :class:`agonlib.decode.FastDecoder` for ``adapter``, or ``None`` where the config or model rules it out."""
+    from . import decode
+
+    if adapter is not None and adapter not in getattr(policies.model, "peft_config", {adapter: None}):
+        raise ValueError(f"No adapter {adapter!r}; adapters are {', '.join(policies.model.peft_config)} (or None for the base).")
+    choice = policies.config.decoder
+    usable = getattr(policies, "backend", None) == "transformers" and decode.supports(policies.model)
+    if choice == "fast" and not usable:
+        raise ValueError(f"decoder=fast needs a transformers-backend Llama or Qwen3 model; "
+                         f"this is a {policies.backend} {policies.model.config.model_type!r}. Use decoder=auto.")
+    if choice == "transformers" or not usable:
+        return None
+    return decode.FastDecoder(policies.model, adapter)
+
+
 def generate(policies, prompts: list[str], adapter: str | None, seeds: list[int],
              params: SamplingParams | None = None, *, batch_size: int = 64, thinking: bool | None = None,
              task: str | None = None, max_prompt_tokens: int | None = None, desc: str = "",
@@ -168,6 +241,7 @@ def generate(policies, prompts: list[str], adapter: str | None, seeds: list[int]
     task = task or config.task
     max_prompt_tokens = max_prompt_tokens or config.max_prompt_tokens
     start = time.perf_counter()
+    decoder = fast_decoder(policies, adapter)
     rollouts: list[Rollout] = []
     bar = tqdm(total=len(prompts), desc=desc or f"generate ({adapter or 'base'})", disable=not progress, leave=False)
     for lo in range(0, len(prompts), batch_size):
@@ -176,9 +250,13 @@ def generate(policies, prompts: list[str], adapter: str | None, seeds: list[int]
         rows = [position[p] for p in chunk]
         enc = _left_padded(tok(list(position), add_special_tokens=False)["input_ids"], max_prompt_tokens,
                            tok.pad_token_id, policies.device, stats)
-        with policies.use(adapter):
-            new = sample_batch(policies.model, enc["input_ids"], enc["attention_mask"], chunk_seeds, params,
-                               policies.stop_token_ids, tok.pad_token_id, rows=rows)
+        if decoder is not None:
+            new = sample_fast(decoder, enc["input_ids"], enc["attention_mask"], chunk_seeds, params,
+                              policies.stop_token_ids, tok.pad_token_id, rows=rows)
+        else:
+            with policies.use(adapter):
+                new = sample_batch(policies.model, enc["input_ids"], enc["attention_mask"], chunk_seeds, params,
+                                   policies.stop_token_ids, tok.pad_token_id, rows=rows)
         stop_set = set(policies.stop_token_ids)
         for i, (prompt, seed) in enumerate(zip(chunk, chunk_seeds)):
             ids = new[i].tolist()

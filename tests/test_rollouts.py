@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from agonlib import decode
 from agonlib.prompts import draft_prompt, render
 from agonlib.rollouts import GenerationStats, SamplingParams, generate, sample_seed, warp_logits
 
@@ -121,13 +122,16 @@ def test_left_padding_moves_logits_by_rounding_only(smoke_policies, prompts):
 # --- adapters ---------------------------------------------------------------------------------
 
 
-def test_adapter_choice(smoke_policies, prompts, monkeypatch):
+@pytest.mark.parametrize("decoder", ["transformers", "fast"])
+def test_adapter_choice(smoke_policies, prompts, monkeypatch, decoder):
+    monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decoder=decoder))
     seeds = _seeds()
     base, a = (_ids(_gen(smoke_policies, prompts, seeds, adapter=name)) for name in (None, "A"))
     assert a == base  # A starts equal to the base: same logits, same draws
     # B's tokens need not differ from A's here: at b_init_std=0.01 on a near-uniform 151k
-    # vocabulary the same uniforms mostly pick the same tokens. So watch the switch instead.
-    seen, use = [], smoke_policies.use
+    # vocabulary the same uniforms mostly pick the same tokens. So watch the switch instead:
+    # the transformers path runs every batch under policies.use(B); the fast path merges B once.
+    seen, use, fast = [], smoke_policies.use, decode.FastDecoder
 
     @contextlib.contextmanager
     def spy(name):
@@ -135,11 +139,15 @@ def test_adapter_choice(smoke_policies, prompts, monkeypatch):
             seen.append((name, smoke_policies.model.active_adapter))
             yield
 
+    def spy_fast(model, adapter):
+        seen.append((adapter, "merged"))
+        return fast(model, adapter)
+
     monkeypatch.setattr(smoke_policies, "use", spy)
+    monkeypatch.setattr(decode, "FastDecoder", spy_fast)
     _gen(smoke_policies, prompts, seeds, adapter="B", batch_size=2)
-    assert seen == [("B", "B"), ("B", "B")]  # every batch runs under B
-    monkeypatch.undo()
-    assert smoke_policies.model.active_adapter == "A"  # generate put the previous adapter back
+    assert seen == ([("B", "B"), ("B", "B")] if decoder == "transformers" else [("B", "merged")])
+    assert smoke_policies.model.active_adapter == "A"  # the previous adapter is back (or never left)
 
 
 # --- Rollout fields (real model) --------------------------------------------------------------

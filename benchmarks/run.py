@@ -1,0 +1,400 @@
+"""The benchmark suite: one command, results in ``benchmarks/results.json`` and ``results.md``.
+
+Run from the repo root (about 15 minutes on a 2-core CPU; ``--quick`` about 4)::
+
+    python -m benchmarks.run                 # everything, on the cpu profile's model
+    python -m benchmarks.run --only rollout  # one section: rollout, step, rss, grading, load, params
+
+Every comparison is measured side by side in the same run, alternating, so a
+busy machine slows both sides alike; the ratios are the result, the absolute
+numbers describe this machine at this moment (``load_avg_1m`` is recorded).
+
+Sections (issue 7):
+
+- ``rollout``: generated tokens/s at batch 8/32/64 with 128 new tokens, for
+  plain ``model.generate`` (PEFT model, adapter ``A`` active), agonlib's own
+  decode loop on the ``transformers`` forward, and agonlib's fast path
+  (``agonlib.decode``). Same model, dtype, prompts, sampling; tokens counted up
+  to each completion's stop token. Also this machine's matmul roofline.
+- ``step``: one Agon training step against one vanilla GRPO step with ``2N``
+  generations, both generating the same number of tokens (stop tokens off, so
+  every completion runs to ``max_new_tokens``), advantages forced non-zero so
+  both update on every sequence; split into generation, log-prob (a no-grad
+  forward) and update (forward, backward, AdamW) seconds.
+- ``rss``: peak resident memory of a process that loads and runs one such
+  step: two adapters on one base (Agon), one adapter (GRPO), and two separate
+  model copies with one adapter each. Each in its own subprocess.
+- ``grading``: the math grader pool (``benchmarks/grading.py``).
+- ``load``: first load of the SmolLM2 GGUF (dequantise into an empty cache)
+  against a cached load, each in a fresh subprocess.
+- ``params``: each adapter's parameters as a fraction of the base, for
+  SmolLM2-135M and a Qwen3-0.6B-shaped model (built on the meta device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+OUT_JSON, OUT_MD = HERE / "results.json", HERE / "results.md"
+SECTIONS = ("params", "rollout", "step", "rss", "grading", "load")
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "avx512": "avx512f" in flags, "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
+        "torch": torch.__version__, "python": platform.python_version(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def _config(**overrides):
+    from agonlib import load_config
+
+    return load_config("cpu", **overrides)
+
+
+# --- params -------------------------------------------------------------------------------------
+
+
+def bench_params(args) -> dict:
+    from agonlib.models import load_policies, memory_report_for_config, qwen3_06b_config
+
+    config = _config()
+    return {"smollm2_135m": load_policies(config).memory_report(),
+            "qwen3_0.6b_shape": memory_report_for_config(qwen3_06b_config(), config)}
+
+
+# --- rollout ------------------------------------------------------------------------------------
+
+
+def _matmul_gflops(dtype, n=2048, reps=5) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - start) / 1e9
+
+
+def _prompts(policies, n):
+    from agonlib import prompts
+    from agonlib.data import problems_for
+
+    problems = problems_for(policies.config, "train")
+    return [prompts.render(policies.tokenizer, prompts.draft_prompt(problems[i % 8]["question"])) for i in range(n)]
+
+
+def _plain_generate(policies, texts, params, seed) -> tuple[float, int]:
+    """transformers' ``generate`` under adapter A; returns (seconds, tokens up to each stop)."""
+    tok = policies.tokenizer
+    tok.padding_side = "left"
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    with policies.use("A"), torch.no_grad():
+        out = policies.model.generate(**enc, do_sample=True, temperature=params.temperature, top_p=params.top_p,
+                                      top_k=params.top_k, max_new_tokens=params.max_new_tokens,
+                                      eos_token_id=policies.stop_token_ids, pad_token_id=tok.pad_token_id)
+    seconds = time.perf_counter() - start
+    stops, tokens = set(policies.stop_token_ids), 0
+    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+        tokens += next((j + 1 for j, t in enumerate(row) if t in stops), len(row))
+    return seconds, tokens
+
+
+def _agon_generate(policies, texts, params, seed, decoder) -> tuple[float, int]:
+    import dataclasses
+
+    from agonlib.rollouts import GenerationStats, generate
+
+    policies.config = dataclasses.replace(policies.config, decoder=decoder)
+    stats = GenerationStats()
+    start = time.perf_counter()
+    generate(policies, texts, "A", [seed * 1000 + i for i in range(len(texts))], params, progress=False,
+             stats=stats, batch_size=len(texts))
+    return time.perf_counter() - start, stats.tokens
+
+
+def bench_rollout(args) -> dict:
+    from agonlib.models import load_policies, memory_report
+    from agonlib.rollouts import SamplingParams
+
+    policies = load_policies(_config())
+    params = SamplingParams(temperature=0.8, top_p=1.0, top_k=0, max_new_tokens=args.new_tokens)
+    flop_per_token = 2 * memory_report(policies.model)["base_params"]
+    roofline = {"fp32_gflops": round(_matmul_gflops(torch.float32), 1),
+                "bf16_gflops": round(_matmul_gflops(torch.bfloat16, reps=1), 1)}
+    rows = []
+    methods = ("plain_generate", "agonlib_transformers", "agonlib_fast")
+    for batch in args.batches:
+        texts = _prompts(policies, batch)
+        order = methods if batch % 16 else methods[::-1]  # alternate which side runs first
+        for rep in range(args.reps):
+            for method in (order if rep % 2 == 0 else order[::-1]):
+                if method == "plain_generate":
+                    seconds, tokens = _plain_generate(policies, texts, params, seed=rep)
+                else:
+                    seconds, tokens = _agon_generate(policies, texts, params, rep, method.split("_", 1)[1])
+                rows.append({"batch": batch, "method": method, "rep": rep, "seconds": round(seconds, 2),
+                             "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1)})
+                print(f"  rollout batch {batch} {method}: {tokens} tokens in {seconds:.1f} s", flush=True)
+    summary = {}
+    for batch in args.batches:
+        rate = {m: sum(r["tokens"] for r in rows if r["batch"] == batch and r["method"] == m)
+                / sum(r["seconds"] for r in rows if r["batch"] == batch and r["method"] == m) for m in methods}
+        summary[str(batch)] = {
+            **{f"{m}_tokens_per_s": round(v, 1) for m, v in rate.items()},
+            "speedup_fast_vs_plain": round(rate["agonlib_fast"] / rate["plain_generate"], 2),
+            "speedup_transformers_loop_vs_plain": round(rate["agonlib_transformers"] / rate["plain_generate"], 2),
+            "fast_fraction_of_fp32_roofline": round(rate["agonlib_fast"] * flop_per_token / 1e9
+                                                    / roofline["fp32_gflops"], 3),
+        }
+    return {"new_tokens": args.new_tokens, "flop_per_token": flop_per_token, "roofline": roofline,
+            "dtype": str(policies.dtype), "runs": rows, "by_batch": summary}
+
+
+# --- step ---------------------------------------------------------------------------------------
+
+
+def _forced_step(policies, mode: str, step_seed: int = 0) -> dict:
+    """One training step of ``mode`` with every completion at full length and non-zero advantages."""
+    from agonlib.data import problems_for
+    from agonlib.game import play_round
+    from agonlib.grpo import UpdateConfig, completion_logprobs, grpo_update
+    from agonlib.trainer import build_batch
+
+    cfg = policies.config
+    problems = problems_for(cfg, "train")[: cfg.problems_per_step]
+    stops, policies.stop_token_ids = policies.stop_token_ids, []  # every completion runs to max_new_tokens
+    try:
+        start = time.perf_counter()
+        rnd = play_round(policies, problems, step_seed, cfg, progress=False)
+        generation = time.perf_counter() - start
+    finally:
+        policies.stop_token_ids = stops
+    roles = [(rnd.drafter, rnd.drafts)] + ([(rnd.challenger, rnd.challenges)] if rnd.challenger else [])
+    update_cfg = UpdateConfig(loss_type=cfg.loss_type, epsilon=cfg.epsilon, max_completion_length=cfg.max_new_tokens,
+                              temperature=cfg.temperature, micro_batch_size=cfg.micro_batch_size,
+                              max_grad_norm=cfg.max_grad_norm)
+    gen = torch.Generator().manual_seed(step_seed)
+    logprob = update = 0.0
+    tokens = 0
+    for adapter, rollouts in roles:
+        tokens += sum(r.length for r in rollouts)
+        adv = torch.randn(len(rollouts), generator=gen)  # (B,) non-zero: every sequence is trained
+        batch = build_batch(rollouts, adv, policies.tokenizer.pad_token_id, policies.device)
+        optimizer = torch.optim.AdamW(policies.params(adapter), lr=cfg.learning_rate)
+        with policies.use(adapter):
+            start = time.perf_counter()
+            with torch.no_grad():
+                completion_logprobs(policies.model, batch.input_ids, batch.attention_mask, batch.completion_mask,
+                                    cfg.temperature, cfg.micro_batch_size)
+            logprob += time.perf_counter() - start
+            policies.model.train()
+            start = time.perf_counter()
+            grpo_update(policies.model, batch, policies.params(adapter), optimizer, update_cfg)
+            update += time.perf_counter() - start
+            policies.model.eval()
+    return {"generation_s": round(generation, 2), "logprob_s": round(logprob, 2), "update_s": round(update, 2),
+            "total_s": round(generation + logprob + update, 2), "tokens": tokens,
+            "sequences": sum(len(r) for _, r in roles)}
+
+
+def bench_step(args) -> dict:
+    from agonlib.models import load_policies
+
+    agon_cfg = _config(mode="agon", max_new_tokens=args.step_tokens)
+    grpo_cfg = _config(mode="grpo", grpo_compute_matched=True, max_new_tokens=args.step_tokens)
+    policies = load_policies(agon_cfg)
+    runs = []
+    for rep in range(args.reps):
+        for name, cfg in ((("agon", agon_cfg), ("grpo_2n", grpo_cfg)) if rep % 2 == 0
+                          else (("grpo_2n", grpo_cfg), ("agon", agon_cfg))):
+            policies.config = cfg
+            row = {"run": name, "rep": rep, **_forced_step(policies, cfg.mode, rep)}
+            runs.append(row)
+            print(f"  step {name}: {row}", flush=True)
+    total = {n: sum(r["total_s"] for r in runs if r["run"] == n) for n in ("agon", "grpo_2n")}
+    parts = {n: {k: round(sum(r[k] for r in runs if r["run"] == n) / args.reps, 2)
+                 for k in ("generation_s", "logprob_s", "update_s", "total_s")} for n in total}
+    return {"max_new_tokens": args.step_tokens, "problems_per_step": agon_cfg.problems_per_step,
+            "num_generations": agon_cfg.num_generations, "runs": runs, "mean": parts,
+            "agon_grpo_step_ratio": round(total["agon"] / total["grpo_2n"], 3)}
+
+
+# --- rss ----------------------------------------------------------------------------------------
+
+
+def _rss_child(kind: str, step_tokens: int) -> None:
+    """Run in a subprocess: load, one forced step, print peak RSS (MiB) as JSON."""
+    from agonlib.models import load_policies
+
+    torch.set_num_threads(1)
+    after_load = None
+    if kind == "agon":
+        policies = load_policies(_config(mode="agon", max_new_tokens=step_tokens))
+        after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        _forced_step(policies, "agon")
+    elif kind == "grpo":
+        policies = load_policies(_config(mode="grpo", grpo_compute_matched=True, max_new_tokens=step_tokens),
+                                 adapters=("A",))
+        after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        _forced_step(policies, "grpo")
+    elif kind == "two_copies":
+        cfg = _config(mode="grpo", max_new_tokens=step_tokens)
+        copies = [load_policies(cfg, adapters=("A",)) for _ in range(2)]
+        after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for policies in copies:
+            _forced_step(policies, "grpo")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"kind": kind, "peak_rss_mib": round(peak / 1024, 1),
+                      "after_load_rss_mib": round(after_load / 1024, 1)}))
+
+
+def bench_rss(args) -> dict:
+    rows = {}
+    for kind in ("agon", "grpo", "two_copies"):
+        out = subprocess.run([sys.executable, "-m", "benchmarks.run", "--rss-child", kind,
+                              "--step-tokens", str(args.step_tokens)],
+                             capture_output=True, text=True, cwd=HERE.parent, check=True)
+        rows[kind] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"  rss {rows[kind]}", flush=True)
+    return {"runs": rows, "peak_rss_ratio": round(rows["agon"]["peak_rss_mib"] / rows["grpo"]["peak_rss_mib"], 3),
+            "two_copies_ratio": round(rows["two_copies"]["peak_rss_mib"] / rows["grpo"]["peak_rss_mib"], 3)}
+
+
+# --- grading, load ------------------------------------------------------------------------------
+
+
+def bench_grading(args) -> dict:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.grading", "--n", str(args.grading_n)],
+                         capture_output=True, text=True, cwd=HERE.parent, check=True)
+    data = json.loads((HERE / "grading.json").read_text())
+    return {"source": "benchmarks/grading.json", "math": data.get("math"), "sandbox": data.get("sandbox"),
+            "log_tail": out.stdout.strip().splitlines()[-3:]}
+
+
+def bench_load(args) -> dict:
+    code = ("import time, json; t=time.perf_counter(); from agonlib import load_config, load_policies; "
+            "p=load_policies(load_config('cpu')); print(json.dumps({'seconds': time.perf_counter()-t}))")
+    rows = {}
+    with tempfile.TemporaryDirectory() as cache:
+        for kind in ("first (empty cache)", "cached"):
+            env = {**os.environ, "AGON_CACHE": cache, "HF_HUB_OFFLINE": "1"}
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+            rows[kind] = round(json.loads(out.stdout.strip().splitlines()[-1])["seconds"], 1)
+            print(f"  load {kind}: {rows[kind]} s", flush=True)
+    return {"seconds": rows, "ratio_first_vs_cached": round(rows["first (empty cache)"] / rows["cached"], 1)}
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def markdown(results: dict) -> str:
+    m = results["machine"]
+    lines = [f"# Benchmarks — {results['date']}", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['torch_threads']} threads, "
+             f"AVX-512: {m['avx512']}, AVX-512 bf16: {m['avx512_bf16']}, load average at start {m['load_avg_1m']}.",
+             "", "| key | value |", "|---|---|"]
+    for key in ("rollout_speedup", "agon_grpo_step_ratio", "adapter_param_fraction", "peak_rss_ratio"):
+        lines.append(f"| `{key}` | {results.get(key)} |")
+    if "rollout" in results:
+        r = results["rollout"]
+        lines += ["", f"## Rollouts ({r['new_tokens']} new tokens, {r['dtype']}; generated tokens/s)", "",
+                  "| batch | plain generate | agonlib loop (transformers forward) | agonlib fast | fast ÷ plain "
+                  "| fast, fraction of fp32 matmul roofline |", "|---|---|---|---|---|---|"]
+        for batch, s in r["by_batch"].items():
+            lines.append(f"| {batch} | {s['plain_generate_tokens_per_s']} | {s['agonlib_transformers_tokens_per_s']} "
+                         f"| {s['agonlib_fast_tokens_per_s']} | {s['speedup_fast_vs_plain']}× "
+                         f"| {s['fast_fraction_of_fp32_roofline']} |")
+        lines.append(f"\nMatmul roofline (2048², this run): fp32 {r['roofline']['fp32_gflops']} GFLOP/s, "
+                     f"bf16 {r['roofline']['bf16_gflops']} GFLOP/s; {r['flop_per_token'] / 1e6:.0f} MFLOP per token.")
+    if "step" in results:
+        s = results["step"]
+        lines += ["", f"## One training step, same generated tokens ({s['problems_per_step']} problems × "
+                  f"{s['num_generations']} generations × 2, {s['max_new_tokens']} tokens each)", "",
+                  "| run | generation s | log-prob s | update s | total s |", "|---|---|---|---|---|"]
+        for name, p in s["mean"].items():
+            lines.append(f"| {name} | {p['generation_s']} | {p['logprob_s']} | {p['update_s']} | {p['total_s']} |")
+        lines.append(f"\nAgon ÷ GRPO-2N: **{s['agon_grpo_step_ratio']}**")
+    if "rss" in results:
+        lines += ["", "## Peak RSS (one forced step, own process)", "", "| model | after load MiB | peak MiB |",
+                  "|---|---|---|"]
+        for kind, row in results["rss"]["runs"].items():
+            lines.append(f"| {kind} | {row['after_load_rss_mib']} | {row['peak_rss_mib']} |")
+    if "params" in results:
+        lines += ["", "## Adapter size", ""]
+        for name, rep in results["params"].items():
+            lines.append(f"- {name}: {rep['adapter_A_params']:,} parameters per adapter on a base of "
+                         f"{rep['base_params']:,} ({100 * rep['adapter_A_fraction']:.2f}%)")
+    if "load" in results:
+        lines += ["", f"## Model load: {results['load']['seconds']}"]
+    if "grading" in results and results["grading"].get("math"):
+        lines += ["", "## Math grading (completions/s)", ""]
+        lines += [f"- {row['mode']} (workers {row['workers']}): {row['per_second']}" for row in results["grading"]["math"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}")
+    parser.add_argument("--quick", action="store_true", help="smaller batches and fewer repetitions")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--step-tokens", type=int, default=64)
+    parser.add_argument("--rss-child", choices=("agon", "grpo", "two_copies"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.rss_child:
+        _rss_child(args.rss_child, args.step_tokens)
+        return
+    args.batches = (8, 32) if args.quick else (8, 32, 64)
+    args.new_tokens = 64 if args.quick else 128
+    args.reps = 1 if args.quick else 2
+    args.grading_n = 40 if args.quick else 200
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}.")
+    results = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {}
+    results.update({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+                    "quick": args.quick})
+    runners = {"params": bench_params, "rollout": bench_rollout, "step": bench_step, "rss": bench_rss,
+               "grading": bench_grading, "load": bench_load}
+    for section in only:
+        print(f"[{section}]", flush=True)
+        start = time.perf_counter()
+        results[section] = runners[section](args)
+        results.setdefault("wall_s", {})[section] = round(time.perf_counter() - start, 1)
+    if "rollout" in results:
+        results["rollout_speedup"] = results["rollout"]["by_batch"].get("32", {}).get("speedup_fast_vs_plain")
+    if "step" in results:
+        results["agon_grpo_step_ratio"] = results["step"]["agon_grpo_step_ratio"]
+    if "rss" in results:
+        results["peak_rss_ratio"] = results["rss"]["peak_rss_ratio"]
+    if "params" in results:
+        results["adapter_param_fraction"] = {k: round(v["adapter_A_fraction"], 4) for k, v in results["params"].items()}
+    OUT_JSON.write_text(json.dumps(results, indent=2) + "\n")
+    OUT_MD.write_text(markdown(results))
+    print(f"wrote {OUT_JSON.relative_to(HERE.parent)} and {OUT_MD.relative_to(HERE.parent)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The fast rollout decoder (agonlib/decode.py) and the sampler (agonlib.rollouts.draw).
+
+The fast path must be the same model function and the same sampling as the
+``transformers`` path and as plain ``model.generate``: logits equal up to float
+rounding, the same tokens for the same seeds, and the same token distribution.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from agonlib import decode
+from agonlib.prompts import draft_prompt, render
+from agonlib.rollouts import SamplingParams, _left_padded, draw, generate, sample_seed
+
+QUESTIONS = ["What is 2+2?", "A shop sells 3 pens for 12 dollars. How much do 5 pens cost?", "Compute 7*8."]
+
+
+def _encode(policies, texts):
+    tok = policies.tokenizer
+    enc = _left_padded(tok(texts, add_special_tokens=False)["input_ids"], 512, tok.pad_token_id, policies.device)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def _fast_vs_transformers(policies, adapter, atol):
+    """Prefill then two decode steps through both paths; the logits must agree to ``atol``."""
+    texts = [render(policies.tokenizer, draft_prompt(q)) for q in QUESTIONS]
+    ids, mask = _encode(policies, texts)  # (3, T) left-padded
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    fast = decode.FastDecoder(policies.model, adapter)
+    cache = fast.new_cache(len(texts), ids.shape[1] + 2)
+    key_mask = torch.cat([mask, mask.new_zeros(len(texts), 2)], dim=1)
+    got, width = [fast.forward(ids, positions, key_mask, cache)], ids.shape[1]
+    for step, token in enumerate(([11], [42])):
+        key_mask[:, width + step] = 1
+        ids = torch.cat([ids, torch.tensor([token] * len(texts))], dim=1)
+        positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
+        got.append(fast.forward(ids[:, -1:], positions[:, -1:], key_mask, cache))
+    with policies.use(adapter), torch.no_grad():
+        full = policies.model(input_ids=ids, attention_mask=key_mask, position_ids=positions).logits  # (3, T+2, V)
+    for k, logits in enumerate(got):
+        torch.testing.assert_close(logits, full[:, k - 3], rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("adapter", ["A", "B", None])
+def test_fast_logits_equal_transformers_tiny_qwen3(smoke_policies, adapter):
+    # tiny-qwen3 (q_norm/k_norm, GQA): logits ~1, merged weights move them by ~3e-7
+    _fast_vs_transformers(smoke_policies, adapter, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adapter", ["A", None])
+def test_fast_logits_equal_transformers_smollm2(smol_policies, adapter):
+    # SmolLM2 (Llama): logits up to ~30 through 30 layers; measured max difference 1e-4
+    _fast_vs_transformers(smol_policies, adapter, atol=1e-3)
+
+
+def test_fast_logits_follow_a_trained_adapter(smoke_policies_scratch):
+    policies = smoke_policies_scratch
+    with torch.no_grad():
+        for p in policies.params("B"):
+            p.add_(0.05 * torch.randn_like(p))
+    _fast_vs_transformers(policies, "B", atol=1e-5)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0, 1.0, 0, 10), SamplingParams(0.7, 0.9, 50, 10)])
+def test_fast_and_transformers_paths_draw_the_same_tokens(smoke_policies, monkeypatch, params):
+    prompts = [render(smoke_policies.tokenizer, draft_prompt(q)) for q in QUESTIONS] * 2
+    seeds = [sample_seed(3, 1, i, 0) for i in range(len(prompts))]
+    runs = {}
+    for choice in ("transformers", "fast"):
+        monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decoder=choice))
+        runs[choice] = [r.completion_ids for r in generate(smoke_policies, prompts, "B", seeds, params, progress=False)]
+    assert runs["fast"] == runs["transformers"]
+
+
+def test_decoder_choice(smoke_policies, monkeypatch):
+    from agonlib.rollouts import fast_decoder
+
+    for choice, expected in (("auto", decode.FastDecoder), ("fast", decode.FastDecoder), ("transformers", type(None))):
+        monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decoder=choice))
+        assert isinstance(fast_decoder(smoke_policies, "A"), expected)
+    with pytest.raises(ValueError, match="No adapter 'C'"):
+        fast_decoder(smoke_policies, "C")
+    # a model it does not know: auto falls back, fast says why it cannot
+    monkeypatch.setattr(decode, "supports", lambda model: False)
+    monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decoder="auto"))
+    assert fast_decoder(smoke_policies, "A") is None
+    monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decoder="fast"))
+    with pytest.raises(ValueError, match="decoder=fast needs"):
+        fast_decoder(smoke_policies, "A")
+
+
+def test_supports_only_dense_llama_and_qwen3(smoke_policies):
+    assert decode.supports(smoke_policies.model)
+    assert not decode.supports(object())
+    cfg = smoke_policies.model.config
+    for change in ({"model_type": "gpt2"}, {"hidden_act": "gelu"}, {"use_sliding_window": True}):
+        saved = {k: getattr(cfg, k, None) for k in change}
+        try:
+            for k, v in change.items():
+                setattr(cfg, k, v)
+            assert not decode.supports(smoke_policies.model), change
+        finally:
+            for k, v in saved.items():
+                setattr(cfg, k, v)
+
+
+# --- the sampler's distribution ----------------------------------------------------------------
+
+# Chi-square critical value for 7 degrees of freedom at p = 0.001. The draws are seeded, so
+# each check below is deterministic; the threshold says how unlikely a pass would be by luck
+# if the distributions differed.
+CHI2_7DF_P001 = 24.32
+TOP_K = 8
+DRAWS = 4000
+
+
+def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def _first_token_probs(policies, prompt):
+    ids, mask = _encode(policies, [prompt])
+    with torch.no_grad():
+        logits = policies.model(input_ids=ids, attention_mask=mask).logits[0, -1]  # (V,)
+    probs = logits.float().softmax(-1)
+    top = probs.topk(TOP_K)
+    return top.indices, top.values / top.values.sum()  # the top-k renormalised: what sampling sees
+
+
+def test_draw_matches_the_exact_distribution(smoke_policies):
+    prompt = render(smoke_policies.tokenizer, draft_prompt(QUESTIONS[0]))
+    support, probs = _first_token_probs(smoke_policies, prompt)
+    ids, mask = _encode(smoke_policies, [prompt])
+    with torch.no_grad():
+        logits = smoke_policies.model(input_ids=ids, attention_mask=mask).logits[0, -1]
+    generators = [torch.Generator().manual_seed(sample_seed(0, 0, 0, i)) for i in range(DRAWS)]
+    tokens = draw(logits.expand(DRAWS, -1), SamplingParams(top_k=TOP_K), generators)  # (DRAWS,)
+    assert torch.isin(tokens, support).all()  # nothing outside the top-k is ever drawn
+    counts = torch.stack([(tokens == t).sum() for t in support]).float()
+    assert _chi2(counts, probs) < CHI2_7DF_P001
+
+
+def test_plain_generate_and_the_fast_path_sample_the_same_distribution(smoke_policies, monkeypatch):
+    """First tokens of agonlib's fast path and of transformers' ``generate`` against the exact top-k distribution."""
+    monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decoder="fast"))
+    prompt = render(smoke_policies.tokenizer, draft_prompt(QUESTIONS[0]))
+    support, probs = _first_token_probs(smoke_policies, prompt)
+    params = SamplingParams(temperature=1.0, top_k=TOP_K, max_new_tokens=1)
+    ours = generate(smoke_policies, [prompt] * DRAWS, None, [sample_seed(1, 0, 0, i) for i in range(DRAWS)], params,
+                    batch_size=DRAWS, progress=False)
+    ours = torch.tensor([r.completion_ids[0] for r in ours])
+    ids, mask = _encode(smoke_policies, [prompt])
+    torch.manual_seed(0)
+    with smoke_policies.use(None), torch.no_grad():
+        plain = smoke_policies.model.generate(input_ids=ids.expand(DRAWS, -1), attention_mask=mask.expand(DRAWS, -1),
+                                              do_sample=True, top_k=TOP_K, top_p=1.0, temperature=1.0,
+                                              max_new_tokens=1, min_new_tokens=1, pad_token_id=0)[:, -1]
+    for tokens in (ours, plain):
+        counts = torch.stack([(tokens == t).sum() for t in support]).float()
+        assert counts.sum() == DRAWS  # every draw inside the top-k support
+        assert _chi2(counts, probs) < CHI2_7DF_P001

@@ -7,6 +7,11 @@ use, so ``import agonlib`` stays fast for the CLI and the notebooks' first cell.
 from __future__ import annotations
 
 import importlib
+import warnings
+
+# tqdm.auto warns once inside a Jupyter kernel without ipywidgets, then prints text bars —
+# which is what an executed (papermill) notebook should hold anyway.
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 __version__ = "0.1.0"
 
@@ -23,7 +28,7 @@ _EXPORTS = {
     "train": "trainer",
     "evaluate": "evaluation",
 }
-_SUBMODULES = ("results",)
+_SUBMODULES = ("results", "paper", "paths", "pipeline", "plots", "reproduce")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

@@ -6,7 +6,7 @@ Commands:
 * ``eval``       — final evaluation of a run directory (or a config's untrained policies).
 * ``solve``      — the cascade of a trained run on one problem: draft summary and final answer.
 * ``round``      — one draft → summary → challenge round, printed readably.
-* ``reproduce``  — the README's main job on a profile (see the README's status).
+* ``reproduce``  — the README's main job: every numbered notebook through papermill.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import textwrap
-import time
 
 from .config import ConfigError, load_config, parse_override
+from .pipeline import text_block as _block
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -32,20 +31,11 @@ def _load(args) -> object:
     return load_config(args.profile, cell=args.cell, **overrides)
 
 
-def _block(title: str, text: str, width: int = 96) -> str:
-    body = "\n".join(textwrap.fill(line, width, subsequent_indent="  ") if line else ""
-                     for line in (text.strip() or "(empty)").splitlines())
-    return f"── {title} " + "─" * max(0, width - len(title) - 4) + "\n" + body
-
-
 def cmd_round(args) -> int:
-    from .data import load_problems
-    from .game import play_round
     from .models import load_policies
+    from .pipeline import show_round
 
-    config = _load(args).replace(problems_per_step=args.problems, num_generations=args.generations)
-    kw = {"levels": config.levels} if config.dataset == "synthetic" else {}
-    problems = load_problems(config.dataset, "train", n=config.problems_per_step, seed=config.seed, **kw)
+    config = _load(args)
     print(f"Loading {config.model} (profile {config.profile}) …", flush=True)
     policies = load_policies(config)
     print(f"  {policies.backend} backend, {policies.device}, {policies.dtype}, "
@@ -53,24 +43,7 @@ def cmd_round(args) -> int:
     report = policies.memory_report()
     print(f"  base {report['base_params'] / 1e6:.1f}M params; each adapter adds "
           f"{report['adapter_A_fraction']:.2%}", flush=True)
-    start = time.perf_counter()
-    rnd = play_round(policies, problems, step=1, config=config, progress=True)
-    G = rnd.group_size
-    for i, (draft, challenge) in enumerate(zip(rnd.drafts, rnd.challenges or [None] * len(rnd.drafts))):
-        problem = rnd.problems[i // G]
-        if i % G == 0:
-            print("\n" + "═" * 96 + f"\nPROBLEM {i // G + 1}: {problem['question']}\nGOLD: {problem.get('answer')}")
-        print(_block(f"draft {i + 1} by {rnd.drafter} — answer {draft.answer!r}, correct={rnd.c_draft[i]}, "
-                     f"{draft.length} tokens", draft.text))
-        if challenge is not None:
-            print(_block(f"summary the challenger reads (leaks gold: {rnd.leaked[i]})",
-                         draft.summary if config.exchange else "(no exchange: the rival is hidden)"))
-            print(_block(f"challenge by {rnd.challenger} — answer {challenge.answer!r}, "
-                         f"correct={rnd.c_challenge[i]}, reward={rnd.r_challenge[i].total:g}", challenge.text))
-    print("\n" + "═" * 96)
-    for key, value in rnd.metrics().items():
-        print(f"  {key:38s} {value:.3f}" if isinstance(value, float) else f"  {key:38s} {value}")
-    print(f"Round done in {time.perf_counter() - start:.0f} s.")
+    show_round(policies, config, problems=args.problems, generations=args.generations, progress=True)
     return 0
 
 
@@ -138,13 +111,9 @@ def cmd_solve(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    print(
-        "agonlib reproduce: the numbered notebooks and figures are not built yet (see the README's status).\n"
-        "Training and evaluation exist: python -m agonlib train cpu --cell agon, then python -m agonlib eval "
-        "<run dir>.\nUntil the notebooks land, the main job plays and prints one draft → summary → challenge "
-        f"round on the {args.profile!r} profile.\n", flush=True)
-    args.problems, args.generations, args.cell = 2, 2, None
-    return cmd_round(args)
+    from .reproduce import main as reproduce_main
+
+    return reproduce_main(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,8 +145,26 @@ def main(argv: list[str] | None = None) -> int:
     p_solve.add_argument("--order", default="AB", choices=["AB", "BA"], help="drafter then answerer")
     p_solve.add_argument("--seed", type=int, default=0)
     p_solve.set_defaults(func=cmd_solve)
-    p_repro = sub.add_parser("reproduce", help="the main job: the whole reproduction on a profile")
-    _config_args(p_repro)
+    p_repro = sub.add_parser(
+        "reproduce", help="the main job: every numbered notebook through papermill",
+        description="Run notebooks/00_setup … 09_results in order through papermill. Executed copies and "
+                    "logs go to experiments/runs/<profile>/notebooks/, figures to figures/<profile>/. "
+                    "Finished training runs and evaluations are skipped unless --force.")
+    p_repro.add_argument("--profile", default=None, help="profile name (default: cpu)")
+    p_repro.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                         help="a notebook parameter (seed, steps, eval_problems …) or any config key, which goes "
+                              "into the notebooks' `overrides` (repeatable), e.g. --set steps=4")
+    p_repro.add_argument("--params", default=None, metavar="YAML",
+                         help="a parameter file: settings as with --set, plus `notebooks: {07: {…}}`")
+    p_repro.add_argument("--only", default=None, metavar="NN,NN", help="run only these notebooks, e.g. 08,09")
+    p_repro.add_argument("--jobs", type=int, default=None,
+                         help="training notebooks (01-06) at a time; default min(2, cores), 1 on colab/paper")
+    p_repro.add_argument("--force", action="store_true", help="retrain and re-evaluate runs that already exist")
+    p_repro.add_argument("--out-dir", default=None,
+                         help="write runs, results and figures under this folder instead of the repo "
+                              "(also: $AGON_OUT_DIR)")
+    p_repro.add_argument("--notebooks-dir", default=None, help=argparse.SUPPRESS)
+    p_repro.add_argument("--kernel", default=None, help="Jupyter kernel name (default: the notebooks' python3)")
     p_repro.set_defaults(func=cmd_reproduce)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,115 @@
+"""The notebook steps: output folders, run names, skipping finished training and evaluation."""
+
+import json
+
+import pytest
+
+import agonlib
+from agonlib import pipeline
+from agonlib.config import RUNS_DIR
+from agonlib.paths import FIGURES_DIR, OUT_DIR_ENV, RESULTS_DIR, output_paths
+
+
+def test_output_paths_default_to_the_repo(monkeypatch):
+    monkeypatch.delenv(OUT_DIR_ENV, raising=False)
+    paths = output_paths("cpu")
+    assert (paths.runs, paths.figures, paths.results) == (RUNS_DIR / "cpu", FIGURES_DIR / "cpu", RESULTS_DIR)
+    assert paths.notebooks == RUNS_DIR / "cpu" / "notebooks"
+
+
+def test_output_root_from_argument_or_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(OUT_DIR_ENV, str(tmp_path / "env"))
+    assert output_paths("smoke").figures == tmp_path / "env" / "figures" / "smoke"
+    # an explicit root wins over the environment
+    paths = output_paths("smoke", tmp_path / "arg")
+    assert (paths.runs, paths.results) == (tmp_path / "arg" / "runs" / "smoke", tmp_path / "arg" / "results")
+
+
+RUN_NAME_CASES = [
+    # (cell, seed, run name)
+    ("agon", 0, "agon"),  # seed 0 keeps the cell's name (the runs already recorded)
+    ("agon", 1, "agon-seed1"),
+    ("grpo_2n", 3, "grpo_2n-seed3"),
+]
+
+
+@pytest.mark.parametrize("cell, seed, name", RUN_NAME_CASES)
+def test_run_names(cell, seed, name):
+    assert pipeline.run_name_for(cell, seed) == name
+    assert agonlib.paper.cell_of(name) == cell
+
+
+def test_cell_config_places_the_run_under_the_output_root(monkeypatch, tmp_path):
+    monkeypatch.delenv(OUT_DIR_ENV, raising=False)
+    config = pipeline.cell_config("smoke", "fixed_roles", seed=2, steps=3, out_dir=tmp_path, lambda_len=0.1)
+    assert config.run_dir == tmp_path / "runs" / "smoke" / "fixed_roles-seed2"
+    assert (config.roles, config.steps, config.seed, config.lambda_len) == ("fixed", 3, 2, 0.1)
+    default = pipeline.cell_config("smoke", "agon")
+    assert default.out_dir is None and default.run_dir == RUNS_DIR / "smoke" / "agon"
+
+
+def test_baseline_run_is_agon_per_seed(tmp_path):
+    configs = {tmp_path / name: pipeline.cell_config("smoke", cell, seed=seed)
+               for name, cell, seed in [("agon", "agon", 0), ("grpo", "grpo", 0), ("coop_exchange", "coop_exchange", 0),
+                                        ("grpo-seed1", "grpo", 1), ("fixed_roles-seed1", "fixed_roles", 1)]}
+    assert pipeline._baseline_runs(configs) == {tmp_path / "agon", tmp_path / "fixed_roles-seed1"}
+
+
+def _final_eval(run_dir, step, systems, n=4):
+    ckpt = run_dir / "checkpoints" / f"step-{step:06d}"
+    result = {s: {"pass@1": 0.5, "n_problems": n} for s in systems}
+    result["meta"] = {"checkpoint": str(ckpt)}
+    (run_dir / "final_eval.json").write_text(json.dumps(result))
+
+
+def _checkpoint(run_dir, step):
+    path = run_dir / "checkpoints" / f"step-{step:06d}"
+    path.mkdir(parents=True)
+    (path / "COMPLETE").write_text("done\n")
+
+
+EVALUATION_CASES = [
+    # (checkpoints, evaluated at, systems in the file, n_problems in the file, done?)
+    ([4], 4, ("A", "B"), 4, True),  # everything there, on the newest checkpoint
+    ([4, 8], 4, ("A", "B"), 4, False),  # training went on: the evaluation is stale
+    ([4], 4, ("A",), 4, False),  # a system missing
+    ([4], 4, ("A", "B"), 2, False),  # evaluated on fewer problems
+    ([4], None, (), 4, False),  # never evaluated
+]
+
+
+@pytest.mark.parametrize("ckpts, evaluated, systems, n, done", EVALUATION_CASES)
+def test_evaluation_done(tmp_path, ckpts, evaluated, systems, n, done):
+    for step in ckpts:
+        _checkpoint(tmp_path, step)
+    if evaluated is not None:
+        _final_eval(tmp_path, evaluated, systems, n)
+    assert pipeline.evaluation_done(tmp_path, ("A", "B"), 4) is done
+
+
+def test_train_cell_skips_resumes_and_forces(tmp_path, capsys):
+    """Real smoke training (seconds): new → skipped → resumed to more steps → forced from scratch."""
+    kw = dict(out_dir=tmp_path, max_new_tokens=4, progress=False)
+    run_dir = pipeline.train_cell("smoke", "agon", steps=1, **kw)
+    metrics = run_dir / "metrics.jsonl"
+    assert len(metrics.read_text().splitlines()) == 1 and "training 1 steps" in capsys.readouterr().out
+    before = metrics.read_bytes()
+
+    pipeline.train_cell("smoke", "agon", steps=1, **kw)
+    assert "already trained" in capsys.readouterr().out and metrics.read_bytes() == before
+
+    pipeline.train_cell("smoke", "agon", steps=2, **kw)
+    assert "resuming from step 1" in capsys.readouterr().out
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2]
+
+    pipeline.train_cell("smoke", "agon", steps=1, force=True, **kw)
+    assert "deleting" in capsys.readouterr().out
+    assert len(metrics.read_text().splitlines()) == 1
+
+    results = pipeline.evaluate_runs("smoke", out_dir=tmp_path, progress=False)
+    assert set(results["agon"]) >= {"A", "B", "cascade_AB", "cascade_BA", "base", "moa"}
+    capsys.readouterr()
+    pipeline.evaluate_runs("smoke", out_dir=tmp_path, progress=False)
+    assert "already evaluated" in capsys.readouterr().out
+    table = pipeline.collect_results("smoke", out_dir=tmp_path)
+    assert (tmp_path / "results" / "smoke.csv").exists() and set(table["run"]) == {"agon"}

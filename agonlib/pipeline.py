@@ -12,8 +12,10 @@ Run names: a cell's name for seed 0 (``agon``), ``<cell>-seed<k>`` otherwise,
 so several seeds of a cell live side by side under ``runs/<profile>/``.
 
 Skipping (STYLE.md item 9): a training run counts as done when its final
-checkpoint is complete (or when it has a ``final_eval.json`` and logged every
-step); an unfinished one resumes from its newest checkpoint. An evaluation
+checkpoint is complete (or, with no checkpoint left, when it has a
+``final_eval.json`` and logged every step); an unfinished one resumes from its
+newest checkpoint; a run directory trained with other settings is an error
+(never silently skipped or mixed), ``force=True`` retrains it. An evaluation
 counts as done when ``final_eval.json`` holds every wanted system for the
 run's newest checkpoint. ``force=True`` redoes either from scratch.
 """
@@ -30,7 +32,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from .config import Config, load_config
+from .config import Config, ConfigError, load_config
 from .paths import output_paths
 
 log = logging.getLogger(__name__)
@@ -77,14 +79,32 @@ def _last_logged_step(run_dir: Path) -> int:
     return int(rows[-1]["step"]) if rows else 0
 
 
+def settings_changed(config: Config) -> dict:
+    """``{key: (recorded, requested)}`` where a run directory's ``config.json`` differs from ``config``.
+
+    Keys a resumed run may change (``steps``, schedules, ``out_dir``) do not count.
+    """
+    from .trainer import Trainer
+
+    saved = config.run_dir / "config.json"
+    if not saved.exists():
+        return {}
+    try:
+        recorded = json.loads(saved.read_text())["config"]
+    except (json.JSONDecodeError, KeyError):
+        return {}
+    return {k: (recorded[k], v) for k, v in config.to_dict().items()
+            if k in recorded and recorded[k] != v and k not in Trainer.RESUMABLE_CHANGES}
+
+
 def training_status(config: Config) -> tuple[str, int]:
     """``("done" | "partial" | "new", last complete checkpoint step)`` of a config's run directory."""
     run_dir = config.run_dir
     step = _last_complete_step(run_dir)
     if step >= config.steps:
         return "done", step
-    if (run_dir / "final_eval.json").exists() and _last_logged_step(run_dir) >= config.steps:
-        return "done", step  # evaluated, checkpoints cleaned up: nothing left to train
+    if step == 0 and (run_dir / "final_eval.json").exists() and _last_logged_step(run_dir) >= config.steps:
+        return "done", step  # evaluated, then its checkpoints deleted: nothing left to train
     if step > 0 or (run_dir / "metrics.jsonl").exists():
         return "partial", step
     return "new", 0
@@ -107,6 +127,11 @@ def train_cell(profile: str, cell: str, *, seed: int = 0, steps: int | None = No
     if force and run_dir.exists():
         print(f"{config.run_name}: force=True, deleting {run_dir} and training from scratch.", flush=True)
         shutil.rmtree(run_dir)
+    changed = settings_changed(config)
+    if changed:
+        diff = ", ".join(f"{k}: {old!r} → {new!r}" for k, (old, new) in sorted(changed.items()))
+        raise ConfigError(f"{run_dir} holds a run trained with other settings ({diff}). Delete or move it, "
+                          "or pass force=True (python -m agonlib reproduce --force) to retrain from scratch.")
     status, step = training_status(config)
     if status == "done":
         print(f"{config.run_name}: already trained ({config.steps} steps) in {run_dir}; skipped "

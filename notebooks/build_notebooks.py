@@ -252,8 +252,8 @@ Figures (PNG and SVG under `figures/<profile>/`), drawn only from the run files:
 
 **What to look for.** A GRPO length curve that climbs while Agon's does not;
 Agon's final-stage distribution sitting left of GRPO's; accuracy falling at the
-longest lengths (often truncated completions: on the `cpu` profile every
-completion is capped at `max_new_tokens` = 96)."""),
+longest lengths (often truncated completions: every completion is capped at
+the profile's `max_new_tokens`, a few dozen tokens on `cpu`)."""),
         parameters_cell(COMMON.replace("# seed 0 writes runs named after their cell (agon); seed k writes agon-seed<k>",
                                        "# not used here: the figures show every run found")
                         .replace("# training steps; None: the profile's default", "# not used here")

@@ -102,6 +102,10 @@ def test_train_cell_skips_resumes_and_forces(tmp_path, capsys):
     assert "resuming from step 1" in capsys.readouterr().out
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2]
 
+    # other settings than the recorded run's: never skipped or resumed silently
+    with pytest.raises(agonlib.ConfigError, match=r"other settings \(max_new_tokens: 4 → 5\).*force=True"):
+        pipeline.train_cell("smoke", "agon", steps=2, **{**kw, "max_new_tokens": 5})
+
     pipeline.train_cell("smoke", "agon", steps=1, force=True, **kw)
     assert "deleting" in capsys.readouterr().out
     assert len(metrics.read_text().splitlines()) == 1
@@ -113,3 +117,28 @@ def test_train_cell_skips_resumes_and_forces(tmp_path, capsys):
     assert "already evaluated" in capsys.readouterr().out
     table = pipeline.collect_results("smoke", out_dir=tmp_path)
     assert (tmp_path / "results" / "smoke.csv").exists() and set(table["run"]) == {"agon"}
+
+
+STATUS_CASES = [
+    # (complete checkpoints, last logged step, final_eval.json?, status for steps=8)
+    ([], 0, False, ("new", 0)),  # nothing yet
+    ([], 3, False, ("partial", 0)),  # killed before its first checkpoint: starts again
+    ([4], 6, False, ("partial", 4)),  # resumes from step 4
+    ([4, 8], 8, False, ("done", 8)),  # the final checkpoint is complete
+    ([], 8, True, ("done", 0)),  # evaluated, then its checkpoints deleted
+    ([4], 10, True, ("partial", 4)),  # an evaluation of an unfinished run does not finish it
+]
+
+
+@pytest.mark.parametrize("ckpts, logged, evaluated, status", STATUS_CASES)
+def test_training_status(tmp_path, ckpts, logged, evaluated, status):
+    config = pipeline.cell_config("smoke", "agon", steps=8, out_dir=tmp_path)
+    run = config.run_dir
+    run.mkdir(parents=True)
+    for step in ckpts:
+        _checkpoint(run, step)
+    if logged:
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, logged + 1)))
+    if evaluated:
+        (run / "final_eval.json").write_text("{}")
+    assert pipeline.training_status(config) == status

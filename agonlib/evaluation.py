@@ -23,6 +23,7 @@ cascade, the aggregator's in MoA); ``tokens_per_problem`` counts every stage.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -64,10 +65,14 @@ def _render(policies, config, messages):
 
 
 def run_system(policies, problems: list[dict], system: str, config, *, samples: int = 1, seed: int = 0,
-               progress: bool = False) -> dict:
-    """One system on ``problems`` with ``samples`` completions each; per-problem results."""
+               progress: bool = False, backend=None) -> dict:
+    """One system on ``problems`` with ``samples`` completions each; per-problem results.
+
+    ``backend`` samples the completions (``agonlib.backends``; default: the transformers path).
+    """
     if system not in SYSTEMS:
         raise ValueError(f"Unknown system {system!r}; systems are {', '.join(SYSTEMS)}.")
+    gen = backend.generate if backend is not None else functools.partial(generate, policies)
     task = config.task
     n_items = len(problems) * samples
     paired = [problems[i // samples] for i in range(n_items)]
@@ -77,25 +82,25 @@ def run_system(policies, problems: list[dict], system: str, config, *, samples: 
     draft_text = [_render(policies, config, prompts.draft_prompt(p["question"], task)) for p in paired]
     spent = [0] * n_items
     if system in _ADAPTER:
-        final = generate(policies, draft_text, _ADAPTER[system], seeds("solve"), desc=f"eval {system}", **opts)
+        final = gen(draft_text, _ADAPTER[system], seeds("solve"), desc=f"eval {system}", **opts)
     elif system.startswith("cascade_"):
         first, second = system[-2], system[-1]
-        drafts = generate(policies, draft_text, first, seeds("draft"), desc=f"eval {system} draft", **opts)
+        drafts = gen(draft_text, first, seeds("draft"), desc=f"eval {system} draft", **opts)
         spent = [d.length for d in drafts]
         challenge_text = [_render(policies, config, prompts.challenge_prompt(p["question"], d.summary,
                                                                                config.reward, task))
                           for p, d in zip(paired, drafts)]
-        final = generate(policies, challenge_text, second, seeds("challenge"), desc=f"eval {system}", **opts)
+        final = gen(challenge_text, second, seeds("challenge"), desc=f"eval {system}", **opts)
     else:  # moa: K base proposals, one base aggregator
         K = config.moa_k
-        proposals = [generate(policies, draft_text, None, seeds(f"proposal{k}"), desc=f"eval moa {k + 1}/{K}",
+        proposals = [gen(draft_text, None, seeds(f"proposal{k}"), desc=f"eval moa {k + 1}/{K}",
                               **opts) for k in range(K)]
         spent = [sum(p[i].length for p in proposals) for i in range(n_items)]
         # Each proposal's final text (its answer included), not its thinking: K traces would not fit.
         agg_text = [_render(policies, config, prompts.moa_prompt(
                         q["question"], [final_text(p[i].text, config.thinking) or "" for p in proposals], task))
                     for i, q in enumerate(paired)]
-        final = generate(policies, agg_text, None, seeds("aggregate"), desc="eval moa aggregate", **opts)
+        final = gen(agg_text, None, seeds("aggregate"), desc="eval moa aggregate", **opts)
     correct = grade(final, paired, config)
     per_problem = [correct[p * samples : (p + 1) * samples] for p in range(len(problems))]
     return {
@@ -131,12 +136,12 @@ def disagreement(answers_a: list, answers_b: list) -> float:
 
 
 def evaluate_policies(policies, problems: list[dict], config, systems=None, *, samples: int | None = None,
-                      progress: bool = True) -> dict:
+                      progress: bool = True, backend=None) -> dict:
     """Every system on ``problems``; returns ``{system: summary}`` plus ``A_B_disagreement``."""
     systems = tuple(systems or default_systems(config))
     samples = samples or config.eval_samples
-    raw = {s: run_system(policies, problems, s, config, samples=samples, seed=config.seed, progress=progress)
-           for s in systems}
+    raw = {s: run_system(policies, problems, s, config, samples=samples, seed=config.seed, progress=progress,
+                         backend=backend) for s in systems}
     out = {s: summarize(r, config.pass_k) for s, r in raw.items()}
     for s, r in raw.items():
         out[s]["final_len_distribution"] = r["final_lens"]

@@ -16,6 +16,7 @@ Grading goes through the same graders evaluation uses (``agonlib.verify`` and
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -133,9 +134,19 @@ def _role_metrics(role: str, rollouts: list[Rollout], correct: list[int], parts,
     }
 
 
-def play_round(policies, problems: list[dict], step: int, config=None, *, progress: bool = True) -> Round:
-    """Draft, grade, summarise, challenge, grade, reward (DESIGN.md §2 steps 1–5)."""
+def play_round(policies, problems: list[dict], step: int, config=None, *, progress: bool = True,
+               backend=None, problem_offset: int = 0) -> Round:
+    """Draft, grade, summarise, challenge, grade, reward (DESIGN.md §2 steps 1–5).
+
+    ``backend`` samples the rollouts (``agonlib.backends``; default: the
+    transformers path). ``problem_offset`` is the index of ``problems[0]`` in the
+    step's full problem list: a data-parallel rank holding a slice of it seeds
+    its completions as the one-process run does (``agonlib.distributed``).
+    """
     config = config or policies.config
+    if backend is not None:
+        backend.begin_step(step)
+    gen = backend.generate if backend is not None else functools.partial(generate, policies)
     tok, task, thinking = policies.tokenizer, config.task, config.thinking
     drafter, challenger = roles_for_step(step, config.roles, config.mode)
     G = config.generations_per_problem
@@ -144,9 +155,9 @@ def play_round(policies, problems: list[dict], step: int, config=None, *, progre
                     max_prompt_tokens=config.max_prompt_tokens, progress=progress)
 
     draft_text = [prompts.render(tok, prompts.draft_prompt(p["question"], task), thinking) for p in problems]
-    drafts = generate(
-        policies, [draft_text[i // G] for i in range(len(problems) * G)], drafter,
-        [sample_seed(config.seed, step, i // G, i % G, "draft") for i in range(len(problems) * G)],
+    drafts = gen(
+        [draft_text[i // G] for i in range(len(problems) * G)], drafter,
+        [sample_seed(config.seed, step, problem_offset + i // G, i % G, "draft") for i in range(len(problems) * G)],
         desc=f"step {step}: drafts ({drafter})", stats=rnd_stats[0], **sampling,
     )
     paired = [problems[i // G] for i in range(len(drafts))]  # the problem of each rollout
@@ -166,9 +177,9 @@ def play_round(policies, problems: list[dict], step: int, config=None, *, progre
         ]
     else:  # rival hidden: the challenger sees exactly the drafter's prompt
         challenge_text = [draft_text[i // G] for i in range(len(drafts))]
-    rnd.challenges = generate(
-        policies, challenge_text, challenger,
-        [sample_seed(config.seed, step, i // G, i % G, "challenge") for i in range(len(drafts))],
+    rnd.challenges = gen(
+        challenge_text, challenger,
+        [sample_seed(config.seed, step, problem_offset + i // G, i % G, "challenge") for i in range(len(drafts))],
         desc=f"step {step}: challenges ({challenger})", stats=rnd_stats[1], **sampling,
     )
     start = time.perf_counter()

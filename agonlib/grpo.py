@@ -321,7 +321,7 @@ class UpdateStats:
 
 
 def grpo_update(
-    model, batch: GRPOBatch, params: Sequence[torch.nn.Parameter], optimizer, cfg: UpdateConfig
+    model, batch: GRPOBatch, params: Sequence[torch.nn.Parameter], optimizer, cfg: UpdateConfig, sync=None
 ) -> UpdateStats:
     """`cfg.num_iterations` optimizer steps on one role's batch, each over all its micro-batches.
 
@@ -330,6 +330,11 @@ def grpo_update(
     type. A step whose loss or gradient norm is not finite is skipped: gradients dropped, no optimizer
     step, counted in `num_skipped` and logged. Old log-probs, when `num_iterations > 1` and the batch
     carries none, are computed once before the first step and kept.
+
+    ``sync(params, finite) -> finite`` (data parallelism, ``agonlib.distributed``) runs once per
+    optimizer step after the last backward pass, on every rank: it sums the gradients over ranks and
+    says whether every rank's loss was finite, so the norm, the clipping and the skip decision are
+    the same everywhere.
     """
     if cfg.beta != 0.0 and batch.ref_logp is None:
         raise ValueError("beta > 0 needs batch.ref_logp: completion_logprobs with the adapters disabled.")
@@ -368,6 +373,8 @@ def grpo_update(
             loss.backward()
             total += loss.item()
             parts.append(st)
+        if sync is not None:
+            finite = sync(params, finite)
         grads = [p.grad for p in params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.tensor(0.0)
         if not finite or not torch.isfinite(norm):

@@ -33,6 +33,11 @@ Departures from DESIGN.md §2, all deliberate:
 5. Periodic evaluation (``eval.jsonl``, every ``eval_every`` steps and at the
    end) uses one sample per problem on the first ``eval_problems`` held-out
    problems; the final evaluation (``agonlib.evaluate``) is separate.
+
+Rollouts come from a generation backend (``agonlib.backends``: transformers, or
+vLLM on a GPU); with vLLM each role's generation-vs-training log-prob mismatch is
+logged per step (``drafter/logprob_mismatch_abs_mean`` …). Under ``accelerate
+launch`` / ``torchrun`` the trainer runs data-parallel (``agonlib.distributed``).
 """
 
 from __future__ import annotations
@@ -113,14 +118,24 @@ def build_batch(rollouts, advantages: torch.Tensor, pad_id: int, device) -> GRPO
 # --- the trainer ---------------------------------------------------------------------
 
 class Trainer:
-    def __init__(self, config: Config, policies=None, progress: bool = True):
+    def __init__(self, config: Config, policies=None, progress: bool = True, *, backend=None, dp="env"):
+        from .backends import gpu_setting, select_backend
+        from .distributed import DataParallel
         from .models import load_policies
 
         self.config = config
-        self.progress = progress
+        self.dp = DataParallel.from_env() if dp == "env" else dp  # None: one process
+        if self.dp is not None:
+            self.dp.check(config)
+        self.progress = progress and self.is_main
         self.run_dir = config.run_dir
         self.policies = policies or load_policies(config)
         self.adapters = ("A",) if config.mode == "grpo" else ("A", "B")
+        if self.dp is not None:
+            self.dp.broadcast(self.policies, self.adapters)
+        if gpu_setting(config, "gradient_checkpointing"):
+            enable_gradient_checkpointing(self.policies.model)
+        self.backend = backend or select_backend(config, self.policies)
         self.optimizers = {
             name: torch.optim.AdamW(self.policies.params(name), lr=config.learning_rate,
                                     weight_decay=config.weight_decay)
@@ -138,13 +153,21 @@ class Trainer:
         self.test_problems = None  # loaded at the first periodic evaluation
         self.step = 0  # steps completed
 
+    @property
+    def is_main(self) -> bool:
+        """The process that writes the run directory (the only one without data parallelism)."""
+        return self.dp is None or self.dp.is_main
+
     # -- one step ---------------------------------------------------------------
     def update_role(self, adapter: str, rollouts, parts, group: int) -> dict:
         cfg, pol = self.config, self.policies
         rewards = torch.tensor(totals(parts), dtype=torch.float32)
         adv = group_advantages(rewards, group, cfg.scale_rewards)  # (B,)
         optimizer = self.optimizers[adapter]
-        if cfg.beta == 0 and not adv.abs().gt(0).any():
+        learns = bool(adv.abs().gt(0).any())
+        if self.dp is not None:
+            learns = self.dp.any(learns)  # every rank takes the same branch: the collectives pair up
+        if cfg.beta == 0 and not learns:
             for _ in range(cfg.num_iterations):  # departure 1: zero loss, the moments still step
                 for p in pol.params(adapter):
                     p.grad = torch.zeros_like(p)
@@ -152,16 +175,20 @@ class Trainer:
             optimizer.zero_grad(set_to_none=True)
             return {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "skipped_zero_adv": 1}
         keep = [i for i in range(len(rollouts)) if adv[i] != 0 or cfg.beta > 0]  # departure 2
+        keep = keep or [0]  # data parallel, nothing to learn on this rank: a zero-advantage row adds exactly 0
         batch = build_batch([rollouts[i] for i in keep], adv[keep], pol.tokenizer.pad_token_id, pol.device)
         batch.num_sequences = len(rollouts)
         batch.num_items = sum(r.length for r in rollouts)
+        if self.dp is not None:  # the whole step's denominators
+            batch.num_sequences, batch.num_items = self.dp.sum_ints(batch.num_sequences, batch.num_items)
         if cfg.beta > 0:
             with torch.no_grad(), pol.use(None):
                 batch.ref_logp = completion_logprobs(pol.model, batch.input_ids, batch.attention_mask,
                                                      batch.completion_mask, cfg.temperature, cfg.micro_batch_size)
         with pol.use(adapter):
             pol.model.train()
-            stats = grpo_update(pol.model, batch, pol.params(adapter), optimizer, self.update_cfg)
+            stats = grpo_update(pol.model, batch, pol.params(adapter), optimizer, self.update_cfg,
+                                sync=self.dp.sync_grads if self.dp is not None else None)
             pol.model.eval()
         out = {"loss": stats.loss, "grad_norm": stats.grad_norm, "clip_frac": stats.clip_region,
                "skipped_zero_adv": 0, "skipped_nonfinite": stats.num_skipped}
@@ -172,9 +199,14 @@ class Trainer:
     def train_step(self, step: int) -> tuple[dict, Round]:
         cfg = self.config
         problems = problems_at(self.train_problems, step, cfg.problems_per_step, cfg.seed)
-        rnd = play_round(self.policies, problems, step, cfg, progress=False)
+        offset = 0
+        if self.dp is not None:
+            problems, offset = self.dp.shard(problems)
+        rnd = play_round(self.policies, problems, step, cfg, progress=False, backend=self.backend,
+                         problem_offset=offset)
         row = {"step": step, "drafter": rnd.drafter, "challenger": rnd.challenger}
         row.update(rnd.metrics())
+        row.update(self.generation_mismatch(rnd))
         start = time.perf_counter()
         roles = [("drafter", rnd.drafter, rnd.drafts, rnd.r_draft)]
         if rnd.challenger is not None:
@@ -183,7 +215,21 @@ class Trainer:
             for key, value in self.update_role(adapter, rollouts, parts, rnd.group_size).items():
                 row[f"{role}/{key}"] = value
         row["time/train_s"] = time.perf_counter() - start
+        if self.dp is not None:
+            row = self.dp.reduce_metrics(row)
         return row, rnd
+
+    def generation_mismatch(self, rnd: Round) -> dict:
+        """Each role's generation-vs-training log-prob mismatch ({} on the transformers path)."""
+        from .backends import logprob_mismatch
+
+        cfg, out = self.config, {}
+        for role, adapter, rollouts in (("drafter", rnd.drafter, rnd.drafts),
+                                        ("challenger", rnd.challenger, rnd.challenges)):
+            if adapter is not None and rollouts:
+                stats = logprob_mismatch(self.policies, adapter, rollouts, cfg.temperature, cfg.micro_batch_size)
+                out.update({f"{role}/{k}": v for k, v in stats.items()})
+        return out
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> Path:
@@ -195,17 +241,22 @@ class Trainer:
             raise FileExistsError(
                 f"{self.run_dir} already holds a run. Pass resume=true to continue it, "
                 "or choose another out_dir / run_name.")
-        write_run_config(cfg, self.run_dir, self.policies)
+        if self.is_main:
+            generation = {"backend": self.backend.name, "engine": getattr(self.backend, "engine_kind", None),
+                          "data_parallel_processes": self.dp.world if self.dp is not None else 1}
+            write_run_config(cfg, self.run_dir, self.policies, generation=generation)
         bar = tqdm(range(self.step + 1, cfg.steps + 1), desc=f"{cfg.run_name} ({cfg.profile})",
                    disable=not self.progress, initial=self.step, total=cfg.steps)
         for step in bar:
             start = time.perf_counter()
             row, rnd = self.train_step(step)
             row["time/step_s"] = time.perf_counter() - start
+            self.step = step
+            if not self.is_main:  # data parallel: rank 0 writes the run directory and evaluates
+                continue
             _append_jsonl(self.run_dir / "metrics.jsonl", row)
             if step % cfg.log_rollouts_every == 0 or step == 1:
                 _append_jsonl(self.run_dir / "rollouts.jsonl", rollout_record(rnd))
-            self.step = step
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 _append_jsonl(self.run_dir / "eval.jsonl", self.periodic_eval(step))
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
@@ -223,7 +274,8 @@ class Trainer:
             self.test_problems = problems_for(cfg, "test")[: cfg.eval_problems]
         systems = ("grpo",) if cfg.mode == "grpo" else ("A", "B", "cascade_AB", "cascade_BA")
         start = time.perf_counter()
-        result = evaluate_policies(self.policies, self.test_problems, cfg, systems, samples=1, progress=False)
+        result = evaluate_policies(self.policies, self.test_problems, cfg, systems, samples=1, progress=False,
+                                   backend=self.backend)
         row = {"step": step}
         for system in systems:
             for key in ("pass@1", "mean_final_len", "tokens_per_problem"):
@@ -295,12 +347,14 @@ class Trainer:
         if not found:
             log.warning("resume: no checkpoint in %s; starting from step 1.", self.checkpoint_root)
             for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl"):
-                (self.run_dir / name).unlink(missing_ok=True)
+                if self.is_main:
+                    (self.run_dir / name).unlink(missing_ok=True)
             return
         self.load_checkpoint(found[-1])
         # Rows written after the checkpoint belong to steps that will be replayed.
         for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl"):
-            _truncate_jsonl(self.run_dir / name, self.step)
+            if self.is_main:
+                _truncate_jsonl(self.run_dir / name, self.step)
         log.info("Resumed from %s at step %d.", found[-1], self.step)
 
 
@@ -368,7 +422,17 @@ def rollout_record(rnd: Round, max_problems: int = 2) -> dict:
     return record
 
 
-def write_run_config(config: Config, run_dir: Path, policies=None) -> None:
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute each decoder layer's activations in the backward pass (``gradient_checkpointing``).
+
+    Non-reentrant checkpointing: the frozen base needs no input gradients for
+    the LoRA parameters to get theirs. Generation runs in eval mode, where
+    ``transformers`` does not checkpoint.
+    """
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def write_run_config(config: Config, run_dir: Path, policies=None, generation: dict | None = None) -> None:
     import peft
     import transformers
 
@@ -383,9 +447,11 @@ def write_run_config(config: Config, run_dir: Path, policies=None) -> None:
     if policies is not None:
         info["model"] = {"backend": policies.backend, "device": str(policies.device),
                          "dtype": str(policies.dtype), **policies.memory_report()}
+    if generation is not None:
+        info["generation"] = generation
     (run_dir / "config.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
 
 
-def train(config: Config, policies=None, progress: bool = True) -> Path:
-    """Run (or resume) a training run; returns its run directory."""
-    return Trainer(config, policies=policies, progress=progress).run()
+def train(config: Config, policies=None, progress: bool = True, **trainer_kwargs) -> Path:
+    """Run (or resume) a training run; returns its run directory (``trainer_kwargs``: ``backend``, ``dp``)."""
+    return Trainer(config, policies=policies, progress=progress, **trainer_kwargs).run()

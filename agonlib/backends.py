@@ -1,0 +1,529 @@
+"""Generation backends: what samples a step's rollouts (DESIGN.md §2 steps 2 and 4).
+
+One interface, the signature of :func:`agonlib.rollouts.generate` without its
+``policies``::
+
+    backend.begin_step(step)                       # names this step's adapter versions
+    backend.generate(prompts, adapter, seeds, params=None, **kw) -> list[Rollout]
+
+* :class:`TransformersBackend` — ``agonlib.rollouts.generate``, unchanged: the CPU
+  path and the reference the others are held to.
+* :class:`VLLMBackend` — vLLM, two LoRA adapters over one base (issue 8). vLLM
+  does not share PEFT's adapters, so each one goes to disk and back:
+
+  - whenever an adapter's weights changed since it was last written (a cheap
+    fingerprint of its parameters, so a missed step can never serve stale
+    weights) it is saved to its own directory,
+    ``<run_dir>/vllm_adapters/<A|B>/step-NNNNNN`` (``-2``, ``-3`` … when it
+    changes twice in one step); the two newest versions of each are kept;
+  - each version gets its own ``LoRARequest`` with a name (``agon-A-v3``) and an
+    integer id never used before: vLLM caches adapters by id, so reusing an id
+    after an update would sample from the old weights. Ids are distinct across
+    adapters, so ``A`` and ``B`` are never confused;
+  - the engine holds both adapters at once (``max_loras=2``); the base model
+    (``adapter=None``) is a request without ``lora_request``;
+  - every completion has its own vLLM seed, ``SamplingParams(seed=s)``, with
+    ``s = sample_seed(seed, step, problem, sample, role)`` — the seeds the
+    transformers path uses (the tokens still differ: vLLM draws differently);
+  - vLLM returns the log-prob of each sampled token; it is kept in
+    ``Rollout.extra["gen_logprobs"]`` for :func:`logprob_mismatch`. Training
+    log-probs always come from the PEFT model.
+
+  The engine is Unsloth's (``model.vllm_engine``, weights shared with the
+  training model) when the base was loaded with ``fast_inference=True``, else a
+  standalone ``vllm.LLM`` over the same checkpoint (a second copy of the base
+  weights in GPU memory).
+* :class:`ReferenceEngine` — a CPU stand-in for the part of ``vllm.LLM`` used
+  here: it reads each adapter back from its directory into a private copy of
+  the model and samples with ``agonlib.rollouts``. The tests and
+  ``python -m agonlib.gpu_check --dry-run`` drive the vLLM backend's whole
+  bookkeeping with it; it proves nothing about vLLM itself.
+
+Selection (:func:`select_backend`): ``generation_backend`` = ``auto`` (vLLM
+where it can run — a CUDA GPU, vLLM installed, a model vLLM can load — else
+transformers), ``transformers`` or ``vllm`` (an error that says why when it
+cannot run).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from .parsing import split_completion
+from .rollouts import GenerationStats, Rollout, SamplingParams, generate
+
+log = logging.getLogger(__name__)
+
+GENERATION_BACKENDS = ("auto", "transformers", "vllm")
+# Config keys proposed for agonlib.config.Config in issue 8, with the defaults that keep
+# today's behaviour; read through gpu_setting() so this module works before and after.
+GPU_DEFAULTS = {
+    "generation_backend": "auto",  # auto | transformers | vllm
+    "gradient_checkpointing": False,  # recompute activations in the backward pass (long traces)
+    "vllm_gpu_memory_utilization": 0.45,  # share of GPU memory a vLLM engine may take
+}
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # max_lora_rank values vLLM accepts
+KEEP_VERSIONS = 2  # adapter directories kept per adapter
+
+
+class BackendError(RuntimeError):
+    """A generation backend that cannot run here; the message says why and what to use instead."""
+
+
+def gpu_setting(config, key: str):
+    """``config.<key>``, or its issue-8 default while :class:`~agonlib.config.Config` lacks the key."""
+    return getattr(config, key, GPU_DEFAULTS[key])
+
+
+# --- the transformers path -------------------------------------------------------
+
+class TransformersBackend:
+    """``agonlib.rollouts.generate`` on the PEFT model itself."""
+
+    name = "transformers"
+    engine_kind = "transformers"
+
+    def __init__(self, policies):
+        self.policies = policies
+
+    def begin_step(self, step: int) -> None:
+        pass
+
+    def generate(self, prompts, adapter, seeds, params=None, **kw) -> list[Rollout]:
+        return generate(self.policies, prompts, adapter, seeds, params, **kw)
+
+
+# --- the vLLM path -------------------------------------------------------------------
+
+@dataclass
+class AdapterVersion:
+    fingerprint: torch.Tensor
+    request: object  # a (vllm) LoRARequest
+    path: Path
+
+
+def fingerprint(params) -> torch.Tensor:
+    """Sum and sum of squares of each parameter, float64: any optimizer step changes it."""
+    with torch.no_grad():
+        parts = [torch.stack([p.detach().double().sum(), p.detach().double().square().sum()]) for p in params]
+    return torch.stack(parts).cpu()
+
+
+def vllm_lora_rank(r: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds rank ``r``."""
+    for rank in VLLM_LORA_RANKS:
+        if rank >= r:
+            return rank
+    raise BackendError(f"lora_r={r} exceeds vLLM's largest LoRA rank {VLLM_LORA_RANKS[-1]}; lower lora_r.")
+
+
+def _vllm_api():
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.lora.request import LoRARequest
+
+    return SimpleNamespace(SamplingParams=VLLMSamplingParams, LoRARequest=LoRARequest)
+
+
+def _shared_engine(model):
+    """Unsloth's vLLM engine (``fast_inference=True``), on the PEFT model or the model it wraps; else None."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for m in (model, base):
+        engine = vars(m).get("vllm_engine") if hasattr(m, "__dict__") else None
+        if engine is not None:
+            return engine
+    return None
+
+
+def vllm_problem(policies) -> str | None:
+    """Why the vLLM backend cannot run with these policies (one sentence), or None when it can."""
+    from .models import SMOLLM2, TINY_QWEN3
+
+    if _shared_engine(policies.model) is not None:
+        return None
+    if policies.device.type != "cuda":
+        return (f"generation_backend=vllm needs a CUDA GPU, and the model is on {policies.device.type}. "
+                "Use generation_backend=transformers (or auto).")
+    if importlib.util.find_spec("vllm") is None:
+        return ("generation_backend=vllm needs vLLM, which is not installed: pip install -e '.[gpu]' "
+                "(Unsloth) and pip install vllm. Use generation_backend=transformers (or auto) without it.")
+    model = policies.config.model
+    if model in (SMOLLM2, TINY_QWEN3) or model.endswith(".gguf"):
+        return (f"the vLLM backend loads a hub id or a local model directory, not {model!r}. "
+                "Use generation_backend=transformers (or auto) for it.")
+    return None
+
+
+def unsloth_vllm_kwargs(config) -> dict:
+    """Extra ``FastLanguageModel.from_pretrained`` arguments for a vLLM engine sharing the weights.
+
+    ``{}`` when rollouts go through transformers or vLLM is not installed.
+    ``max_loras`` reaches Unsloth's ``load_vllm`` through ``**kwargs`` (its
+    default, 1, would swap ``A`` and ``B`` in and out of one slot).
+    """
+    if gpu_setting(config, "generation_backend") == "transformers" or importlib.util.find_spec("vllm") is None:
+        return {}
+    return dict(fast_inference=True, max_loras=2, max_lora_rank=vllm_lora_rank(config.lora_r),
+                gpu_memory_utilization=gpu_setting(config, "vllm_gpu_memory_utilization"))
+
+
+def standalone_engine(config, dtype: torch.dtype):
+    """A ``vllm.LLM`` with room for both adapters, seeded from the run seed."""
+    import dataclasses
+
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+
+    kwargs = dict(
+        model=config.model, dtype=str(dtype).removeprefix("torch."), seed=config.seed,
+        enable_lora=True, max_loras=2, max_lora_rank=vllm_lora_rank(config.lora_r),
+        max_model_len=config.max_prompt_tokens + config.max_new_tokens,
+        gpu_memory_utilization=gpu_setting(config, "vllm_gpu_memory_utilization"),
+        enable_prefix_caching=True,  # N drafts share one prompt
+    )
+    if "logprobs_mode" in {f.name for f in dataclasses.fields(EngineArgs)}:
+        kwargs["logprobs_mode"] = "raw_logprobs"  # log softmax of the logits, before temperature and top-k/p
+    engine = LLM(**kwargs)
+    if "logprobs_mode" in kwargs:
+        engine.agon_logprobs_mode = kwargs["logprobs_mode"]
+    return engine
+
+
+def engine_logprobs_mode(engine) -> str:
+    """``raw_logprobs`` or ``processed_logprobs``: what the engine's returned log-probs are of."""
+    for known in ("agon_logprobs_mode", "logprobs_mode"):  # set by standalone_engine / ReferenceEngine
+        if isinstance(getattr(engine, known, None), str):
+            return getattr(engine, known)
+    model_config = getattr(getattr(getattr(engine, "llm_engine", None), "vllm_config", None), "model_config", None)
+    # vLLM's V1 engine says; the V0 engine (no vllm_config) returned log-probs after temperature.
+    return getattr(model_config, "logprobs_mode", None) or "processed_logprobs"
+
+
+class VLLMBackend:
+    """Rollouts from a vLLM engine, each adapter through its own ``LoRARequest`` (module docstring)."""
+
+    name = "vllm"
+
+    def __init__(self, policies, engine=None, api=None, adapter_root: str | Path | None = None,
+                 batch_size: int = 512):
+        self.policies = policies
+        config = policies.config
+        if engine is None:
+            problem = vllm_problem(policies)
+            if problem:
+                raise BackendError(problem)
+            engine = _shared_engine(policies.model)
+            self.engine_kind = "unsloth-shared" if engine is not None else "vllm-standalone"
+            engine = engine or standalone_engine(config, policies.dtype)
+        else:
+            self.engine_kind = getattr(engine, "kind", type(engine).__name__)
+        self.engine = engine
+        self.api = api or _vllm_api()
+        self.logprobs_mode = engine_logprobs_mode(engine)
+        self.root = Path(adapter_root) if adapter_root else config.run_dir / "vllm_adapters"
+        self.batch_size = batch_size
+        self.step = 0
+        self.versions: dict[str, list[AdapterVersion]] = {}
+        self.next_id = 1  # vLLM's lora_int_id must be > 0
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+
+    # -- adapters ----------------------------------------------------------------
+    def lora_request(self, adapter: str | None):
+        """The request that samples ``adapter``'s current weights; None for the base model."""
+        if adapter is None:
+            return None
+        peft_config = getattr(self.policies.model, "peft_config", {})
+        if adapter not in peft_config:
+            raise ValueError(f"No adapter {adapter!r}; adapters are {', '.join(peft_config)} (or None for the base).")
+        mark = fingerprint(self.policies.params(adapter))
+        history = self.versions.setdefault(adapter, [])
+        if history and torch.equal(history[-1].fingerprint, mark):
+            return history[-1].request
+        path = self._new_dir(adapter)
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        saved = self.policies.save_adapter(adapter, tmp)  # PEFT writes a named adapter into tmp/<adapter>
+        saved.rename(path)
+        shutil.rmtree(tmp, ignore_errors=True)
+        request = self.api.LoRARequest(lora_name=f"agon-{adapter}-v{len(history) + 1}",
+                                       lora_int_id=self.next_id, lora_path=str(path))
+        self.next_id += 1
+        history.append(AdapterVersion(mark, request, path))
+        for old in history[:-KEEP_VERSIONS]:
+            shutil.rmtree(old.path, ignore_errors=True)
+        return request
+
+    def _new_dir(self, adapter: str) -> Path:
+        base = self.root / adapter / f"step-{self.step:06d}"
+        path, k = base, 1
+        while path.exists():
+            k += 1
+            path = base.with_name(f"{base.name}-{k}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # -- sampling ------------------------------------------------------------------
+    def sampling_params(self, params: SamplingParams, seed: int):
+        return self.api.SamplingParams(
+            n=1, temperature=params.temperature, top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,  # -1: off, in every vLLM version
+            max_tokens=params.max_new_tokens, seed=int(seed),
+            stop_token_ids=list(self.policies.stop_token_ids), logprobs=0,  # 0: the sampled token's only
+        )
+
+    def generate(self, prompts, adapter, seeds, params=None, *, batch_size=None, thinking=None, task=None,
+                 max_prompt_tokens=None, desc="", progress=True, stats: GenerationStats | None = None):
+        if len(prompts) != len(seeds):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds: give one seed per completion.")
+        config, tok = self.policies.config, self.policies.tokenizer
+        params = params or SamplingParams.from_config(config)
+        thinking = config.thinking if thinking is None else thinking
+        task = task or config.task
+        max_prompt_tokens = max_prompt_tokens or config.max_prompt_tokens
+        start = time.perf_counter()
+        request = self.lora_request(adapter)
+        distinct = list(dict.fromkeys(prompts))
+        ids = dict(zip(distinct, tok(distinct, add_special_tokens=False)["input_ids"]))
+        cut = sum(len(x) > max_prompt_tokens for x in ids.values())
+        if cut:  # the transformers path's rule: an over-long prompt keeps its end
+            log.warning("%d prompt(s) longer than max_prompt_tokens=%d were cut from the left.", cut, max_prompt_tokens)
+            if stats is not None:
+                stats.prompts_truncated += cut
+        ids = {p: x[-max_prompt_tokens:] for p, x in ids.items()}
+        stop_set = set(self.policies.stop_token_ids)
+        rollouts, longest = [], 0
+        step = batch_size or self.batch_size
+        for lo in range(0, len(prompts), step):
+            chunk, chunk_seeds = prompts[lo : lo + step], seeds[lo : lo + step]
+            outputs = self.engine.generate(
+                [{"prompt_token_ids": ids[p]} for p in chunk],
+                sampling_params=[self.sampling_params(params, s) for s in chunk_seeds],
+                lora_request=request, use_tqdm=progress,
+            )
+            for prompt, seed, out in zip(chunk, chunk_seeds, outputs):
+                rollout = _to_rollout(tok, prompt, ids[prompt], out.outputs[0], int(seed), stop_set,
+                                      thinking, task, self.logprobs_mode)
+                rollouts.append(rollout)
+                longest = max(longest, rollout.length)
+        if stats is not None:
+            stats.tokens += sum(r.length for r in rollouts)
+            stats.decode_steps += longest
+            stats.seconds += time.perf_counter() - start
+        return rollouts
+
+
+def _to_rollout(tok, prompt: str, prompt_ids: list[int], out, seed: int, stop_set: set, thinking: bool,
+                task: str, logprobs_mode: str) -> Rollout:
+    """A vLLM ``CompletionOutput`` as a :class:`Rollout`, parsed exactly as the transformers path parses."""
+    completion = list(out.token_ids)
+    gen_logprobs = [_sampled_logprob(lp, t) for lp, t in zip(out.logprobs or [], completion)]
+    end = next((j + 1 for j, t in enumerate(completion) if t in stop_set), None)
+    if end is None and out.finish_reason == "stop" and isinstance(out.stop_reason, int):
+        completion.append(out.stop_reason)  # a stop id vLLM left out of token_ids: training must see it
+        gen_logprobs.append(math.nan)
+        end = len(completion)
+    completion = completion[:end] if end else completion
+    text = tok.decode(completion, skip_special_tokens=True)
+    parts = split_completion(text, thinking=thinking, task=task)
+    extra = {"logprobs_mode": logprobs_mode}
+    if out.logprobs is not None:
+        extra["gen_logprobs"] = gen_logprobs[: len(completion)]
+    return Rollout(prompt, list(prompt_ids), completion, text, parts.think, parts.summary, parts.answer,
+                   len(completion), end is None, seed, extra)
+
+
+def _sampled_logprob(entry, token: int) -> float:
+    """The sampled token's log-prob from one position of vLLM's ``logprobs`` (dict id → Logprob)."""
+    if entry is None or token not in entry:
+        return math.nan
+    value = entry[token]
+    return float(getattr(value, "logprob", value))
+
+
+# --- generation vs training log-probs ---------------------------------------------------
+
+def logprob_mismatch(policies, adapter: str, rollouts: list[Rollout], temperature: float,
+                     micro_batch_size: int = 4, max_sequences: int | None = 16) -> dict:
+    """How far the generator's log-probs of the sampled tokens are from the training model's.
+
+    Returns ``{}`` for rollouts without generation log-probs (the transformers
+    path: there the two are the same computation). Otherwise the per-token
+    difference ``gen − train`` over the first ``max_sequences`` rollouts, with
+    ``train`` from the PEFT model under ``adapter`` in the definition the engine
+    used: temperature 1 for ``raw_logprobs``, the sampling temperature for
+    ``processed_logprobs`` (where an engine that also renormalises after top-k/
+    top-p reads higher by ``−log(kept mass)``: a positive ``mean``). A stale or
+    wrong adapter shows as an ``abs_mean`` far above the dtype's rounding.
+    """
+    from .grpo import completion_logprobs
+    from .trainer import build_batch
+
+    have = [r for r in rollouts if "gen_logprobs" in r.extra and r.length > 0][:max_sequences]
+    if not have:
+        return {}
+    mode = have[0].extra.get("logprobs_mode", "raw_logprobs")
+    T = 1.0 if mode.startswith("raw") else temperature
+    batch = build_batch(have, torch.zeros(len(have)), policies.tokenizer.pad_token_id, policies.device)
+    with torch.no_grad(), policies.use(adapter):
+        train = completion_logprobs(policies.model, batch.input_ids, batch.attention_mask, batch.completion_mask,
+                                    T, micro_batch_size).float().cpu()  # (B, Tc)
+    gen = torch.full_like(train, math.nan)
+    for i, r in enumerate(have):
+        values = r.extra["gen_logprobs"][: train.shape[1]]
+        gen[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+    keep = batch.completion_mask.cpu().bool() & torch.isfinite(gen)
+    diff = (gen - train)[keep]
+    if diff.numel() == 0:
+        return {}
+    return {"logprob_mismatch_abs_mean": diff.abs().mean().item(), "logprob_mismatch_abs_max": diff.abs().max().item(),
+            "logprob_mismatch_mean": diff.mean().item(), "logprob_mismatch_tokens": int(diff.numel())}
+
+
+# --- selection -----------------------------------------------------------------------
+
+def select_backend(config, policies, name: str | None = None):
+    """The backend ``name`` (default: the config's ``generation_backend``) for these policies."""
+    name = name or gpu_setting(config, "generation_backend")
+    if name not in GENERATION_BACKENDS:
+        raise BackendError(f"generation_backend={name!r} is not one of {', '.join(GENERATION_BACKENDS)}.")
+    if name == "transformers":
+        return TransformersBackend(policies)
+    problem = vllm_problem(policies)
+    if name == "vllm":
+        if problem:
+            raise BackendError(problem)
+        return VLLMBackend(policies)
+    if problem is None:
+        return VLLMBackend(policies)
+    log.info("Rollouts through transformers: %s", problem.split(", and")[0])
+    return TransformersBackend(policies)
+
+
+# --- a CPU stand-in for vllm.LLM -------------------------------------------------------
+
+@dataclass(frozen=True)
+class RefSamplingParams:
+    """The fields of ``vllm.SamplingParams`` that :class:`VLLMBackend` sets."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 16
+    seed: int | None = None
+    stop_token_ids: tuple = ()
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class RefLoRARequest:
+    """``vllm.lora.request.LoRARequest``'s three positional fields."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+
+REFERENCE_API = SimpleNamespace(
+    SamplingParams=lambda **kw: RefSamplingParams(**{**kw, "stop_token_ids": tuple(kw.get("stop_token_ids", ()))}),
+    LoRARequest=RefLoRARequest,
+)
+
+
+class ReferenceEngine:
+    """``vllm.LLM.generate`` for :class:`VLLMBackend` on CPU: adapters read back from their directories.
+
+    Holds its own copy of the model (``load_policies(config)``), loads the
+    request's adapter from ``lora_path`` into that copy's slot ``A`` (the
+    base: adapters off) and samples with the transformers path's sampler and
+    seeds, so on the same weights it returns exactly the transformers path's
+    tokens. ``loaded`` records each ``(lora_int_id, lora_path)`` it read, in
+    order, and ``calls`` every request, for the tests.
+    """
+
+    kind = "reference"
+    logprobs_mode = "raw_logprobs"
+
+    def __init__(self, config):
+        from .models import load_policies
+
+        self.policies = load_policies(config)
+        self.cached: dict[int, str] = {}  # lora_int_id -> path, like vLLM's adapter cache
+        self.slot_id = None
+        self.loaded: list[tuple[int, str]] = []
+        self.calls: list[tuple[object, list]] = []
+
+    def reset(self) -> None:
+        """Forget every adapter: a new backend numbers its requests from 1 again."""
+        self.cached.clear()
+        self.slot_id = None
+
+    def _load(self, request) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        if self.cached.setdefault(request.lora_int_id, request.lora_path) != request.lora_path:
+            raise ValueError(f"lora_int_id {request.lora_int_id} reused for another path: vLLM would serve stale weights.")
+        if self.slot_id == request.lora_int_id:
+            return
+        state = load_file(str(Path(request.lora_path) / "adapter_model.safetensors"))
+        result = set_peft_model_state_dict(self.policies.model, state, adapter_name="A")
+        missing = [k for k in result.missing_keys if "lora_" in k and ".A." in k]
+        if missing:
+            raise RuntimeError(f"adapter at {request.lora_path} lacks {len(missing)} weights, e.g. {missing[0]}.")
+        self.slot_id = request.lora_int_id
+        self.loaded.append((request.lora_int_id, request.lora_path))
+
+    @torch.no_grad()
+    def generate(self, requests, sampling_params, lora_request=None, use_tqdm=False):
+        from .grpo import completion_logprobs
+        from .rollouts import fast_decoder, sample_batch, sample_fast
+
+        self.calls.append((lora_request, list(sampling_params)))
+        if lora_request is not None:
+            self._load(lora_request)
+        slot = "A" if lora_request is not None else None
+        first = sampling_params[0]
+        params = SamplingParams(first.temperature, first.top_p, max(first.top_k, 0), first.max_tokens)
+        pol = self.policies
+        pad = pol.tokenizer.pad_token_id
+        prompts = [tuple(r["prompt_token_ids"]) for r in requests]
+        position = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
+        width = max(len(p) for p in position)
+        ids = torch.full((len(position), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for p, i in position.items():
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        rows = [position[p] for p in prompts]
+        seeds = [sp.seed for sp in sampling_params]
+        stops = list(first.stop_token_ids)
+        decoder = fast_decoder(pol, slot)
+        if decoder is not None:
+            new = sample_fast(decoder, ids, mask, seeds, params, stops, pad, rows=rows)
+        else:
+            with pol.use(slot):
+                new = sample_batch(pol.model, ids, mask, seeds, params, stops, pad, rows=rows)
+        outputs = []
+        for i, p in enumerate(prompts):
+            tokens = new[i].tolist()
+            end = next((j + 1 for j, t in enumerate(tokens) if t in stops), None)
+            tokens = tokens[:end] if end else tokens
+            full = torch.tensor([list(p) + tokens])
+            with pol.use(slot):
+                lp = completion_logprobs(pol.model, full, torch.ones_like(full), len(p), 1.0)[0].tolist()
+            logprobs = [{t: SimpleNamespace(logprob=v, rank=1)} for t, v in zip(tokens, lp)]
+            outputs.append(SimpleNamespace(prompt_token_ids=list(p), outputs=[SimpleNamespace(
+                token_ids=tokens, finish_reason="stop" if end else "length", stop_reason=None,
+                logprobs=logprobs if first.logprobs is not None else None)]))
+        return outputs

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The device check of issue 8 on one NVIDIA GPU, offline, in at most ~8 minutes:
+# two Agon steps (and one GRPO step) per generation backend on a Qwen3-0.6B-shaped
+# random-weight model; figures and checks to a JSON file (python -m agonlib.gpu_check --help).
+#   scripts/gpu_check.sh [OUT.json] [extra gpu_check arguments, e.g. --dry-run]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-benchmarks/gpu_check.json}"
+shift || true
+PY="${PYTHON:-.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1  # nothing is downloaded
+export TOKENIZERS_PARALLELISM=false
+exec timeout 540 "$PY" -m agonlib.gpu_check "$OUT" --time-limit 480 "$@"

@@ -29,7 +29,7 @@ peak GPU memory, the log-prob mismatch and the checks; then the vLLM/transformer
 tokens/s ratio (goal ≥ 5×) and the Agon/GRPO step time ratio.
 
 ``--dry-run`` (CPU): the tiny random ``smoke`` model instead, and for ``vllm`` the
-:class:`agonlib.backends.ReferenceEngine` stand-in (adapters through their
+:class:`agonlib.vllm_reference.ReferenceEngine` stand-in (adapters through their
 directories and ``LoRARequest`` ids, sampled by ``agonlib.rollouts``): every
 line of this module runs, none of vLLM does.
 """
@@ -139,11 +139,12 @@ def _sync():
 def run_backend(name: str, model: str, work: Path, *, dry_run: bool, steps: int, problems: int,
                 generations: int, max_new_tokens: int) -> dict:
     from . import load_config
-    from .backends import REFERENCE_API, ReferenceEngine, VLLMBackend, logprob_mismatch, select_backend
+    from .backends import VLLMBackend, logprob_mismatch, select_backend
     from .models import load_policies
     from .prompts import draft_prompt, render
     from .rollouts import SamplingParams
     from .trainer import Trainer
+    from .vllm_reference import REFERENCE_API, ReferenceEngine
 
     sizes = dict(model=model, dataset="synthetic", levels=[1, 2], steps=steps, problems_per_step=problems,
                  num_generations=generations, max_new_tokens=max_new_tokens, out_dir=str(work / f"run-{name}"),

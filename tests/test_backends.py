@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 
 import agonlib
 from agonlib import backends, game
-from agonlib.backends import (REFERENCE_API, BackendError, ReferenceEngine, TransformersBackend, VLLMBackend,
-                              logprob_mismatch, select_backend)
+from agonlib.backends import BackendError, TransformersBackend, VLLMBackend, logprob_mismatch, select_backend
+from agonlib.vllm_reference import REFERENCE_API, ReferenceEngine
 from agonlib.rollouts import SamplingParams
 
 

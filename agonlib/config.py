@@ -64,6 +64,9 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda
     backend: str = "auto"  # auto | transformers | unsloth
     decoder: str = "auto"  # rollouts: auto (fast where supported) | fast | transformers (agonlib.decode)
+    generation_backend: str = "auto"  # rollouts: auto (vLLM where it can run) | transformers | vllm (agonlib.backends)
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (long traces on a GPU)
+    vllm_gpu_memory_utilization: float = 0.45  # share of GPU memory a vLLM engine may take
     thinking: bool = False  # Qwen3 enable_thinking; also picks the summary rule
     tiny_hidden_size: int = 64  # shape of the tiny-qwen3 model
     tiny_layers: int = 2
@@ -126,6 +129,7 @@ class Config:
             "device": ("auto", "cpu", "cuda"),
             "backend": ("auto", "transformers", "unsloth"),
             "decoder": ("auto", "fast", "transformers"),
+            "generation_backend": ("auto", "transformers", "vllm"),
             "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
             "scale_rewards": ("group", "batch", "none"),
             "dataset": ("synthetic", "deepmath", "code_handwritten", "codecontests"),
@@ -157,6 +161,8 @@ class Config:
             raise ConfigError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}.")
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}.")
+        if not 0 < self.vllm_gpu_memory_utilization < 1:
+            raise ConfigError(f"vllm_gpu_memory_utilization must be in (0, 1), got {self.vllm_gpu_memory_utilization}.")
         if self.max_prompt_tokens < 16:
             raise ConfigError(f"max_prompt_tokens must be at least 16, got {self.max_prompt_tokens}.")
         if self.epsilon_high is not None and self.epsilon_high < 0:

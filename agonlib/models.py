@@ -175,9 +175,11 @@ def _load_pretrained(source: str, dtype: torch.dtype, device: torch.device):
 def _load_unsloth(source: str, config: Config, dtype: torch.dtype):
     from unsloth import FastLanguageModel  # optional extra `gpu`
 
+    from .backends import unsloth_vllm_kwargs
+
     model, tokenizer = FastLanguageModel.from_pretrained(
         source, max_seq_length=config.max_prompt_tokens + config.max_new_tokens, dtype=dtype,
-        load_in_4bit=False,
+        load_in_4bit=False, **unsloth_vllm_kwargs(config),
     )
     return model, tokenizer
 

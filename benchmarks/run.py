@@ -351,6 +351,19 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write(results: dict) -> None:
+    if "rollout" in results:
+        results["rollout_speedup"] = results["rollout"]["by_batch"].get("32", {}).get("speedup_fast_vs_plain")
+    if "step" in results:
+        results["agon_grpo_step_ratio"] = results["step"]["agon_grpo_step_ratio"]
+    if "rss" in results:
+        results["peak_rss_ratio"] = results["rss"]["peak_rss_ratio"]
+    if "params" in results:
+        results["adapter_param_fraction"] = {k: round(v["adapter_A_fraction"], 4) for k, v in results["params"].items()}
+    OUT_JSON.write_text(json.dumps(results, indent=2) + "\n")
+    OUT_MD.write_text(markdown(results))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}")
@@ -383,16 +396,7 @@ def main(argv=None) -> None:
         start = time.perf_counter()
         results[section] = runners[section](args)
         results.setdefault("wall_s", {})[section] = round(time.perf_counter() - start, 1)
-    if "rollout" in results:
-        results["rollout_speedup"] = results["rollout"]["by_batch"].get("32", {}).get("speedup_fast_vs_plain")
-    if "step" in results:
-        results["agon_grpo_step_ratio"] = results["step"]["agon_grpo_step_ratio"]
-    if "rss" in results:
-        results["peak_rss_ratio"] = results["rss"]["peak_rss_ratio"]
-    if "params" in results:
-        results["adapter_param_fraction"] = {k: round(v["adapter_A_fraction"], 4) for k, v in results["params"].items()}
-    OUT_JSON.write_text(json.dumps(results, indent=2) + "\n")
-    OUT_MD.write_text(markdown(results))
+        _write(results)  # after every section: a later failure keeps what was measured
     print(f"wrote {OUT_JSON.relative_to(HERE.parent)} and {OUT_MD.relative_to(HERE.parent)}")
 
 

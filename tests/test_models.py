@@ -432,3 +432,12 @@ def test_smollm2_memory_report_matches_its_shape(smol_policies):
     print(f"\nSmolLM2 (GGUF-loaded): {report}")
     assert report["base_params"] == 134_515_008
     assert report["adapter_A_params"] == report["adapter_B_params"] == 4_884_480
+
+
+def test_single_adapter_model_for_the_memory_benchmark():
+    config = load_config("smoke", device="cpu", dtype="float32")
+    policies = load_policies(config, adapters=("A",))
+    assert list(policies.model.peft_config) == ["A"]
+    assert policies.memory_report()["adapter_A_params"] > 0
+    with pytest.raises(ValueError, match="adapters must be"):
+        load_policies(config, adapters=("B",))

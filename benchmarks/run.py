@@ -172,8 +172,8 @@ def bench_rollout(args) -> dict:
 # --- step ---------------------------------------------------------------------------------------
 
 
-def _forced_step(policies, mode: str, step_seed: int = 0) -> dict:
-    """One training step of ``mode`` with every completion at full length and non-zero advantages."""
+def _forced_step(policies, step_seed: int = 0) -> dict:
+    """One training step of ``policies.config.mode`` with every completion at full length and non-zero advantages."""
     from agonlib.data import problems_for
     from agonlib.game import play_round
     from agonlib.grpo import UpdateConfig, completion_logprobs, grpo_update
@@ -227,7 +227,7 @@ def bench_step(args) -> dict:
         for name, cfg in ((("agon", agon_cfg), ("grpo_2n", grpo_cfg)) if rep % 2 == 0
                           else (("grpo_2n", grpo_cfg), ("agon", agon_cfg))):
             policies.config = cfg
-            row = {"run": name, "rep": rep, **_forced_step(policies, cfg.mode, rep)}
+            row = {"run": name, "rep": rep, **_forced_step(policies, rep)}
             runs.append(row)
             print(f"  step {name}: {row}", flush=True)
     total = {n: sum(r["total_s"] for r in runs if r["run"] == n) for n in ("agon", "grpo_2n")}
@@ -250,18 +250,18 @@ def _rss_child(kind: str, step_tokens: int) -> None:
     if kind == "agon":
         policies = load_policies(_config(mode="agon", max_new_tokens=step_tokens))
         after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        _forced_step(policies, "agon")
+        _forced_step(policies)
     elif kind == "grpo":
         policies = load_policies(_config(mode="grpo", grpo_compute_matched=True, max_new_tokens=step_tokens),
                                  adapters=("A",))
         after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        _forced_step(policies, "grpo")
+        _forced_step(policies)
     elif kind == "two_copies":
         cfg = _config(mode="grpo", max_new_tokens=step_tokens)
         copies = [load_policies(cfg, adapters=("A",)) for _ in range(2)]
         after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         for policies in copies:
-            _forced_step(policies, "grpo")
+            _forced_step(policies)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"kind": kind, "peak_rss_mib": round(peak / 1024, 1),
                       "after_load_rss_mib": round(after_load / 1024, 1)}))

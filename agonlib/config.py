@@ -98,6 +98,9 @@ class Config:
     num_iterations: int = 1
     max_grad_norm: float = 1.0
     micro_batch_size: int = 8
+    # Padded tokens (rows x sequence length) per forward/backward micro-batch; None: rows only. Caps the
+    # activation memory of long sequences (the challenger's prompts carry the rival's summary).
+    micro_batch_tokens: int | None = None
 
     # --- data ----------------------------------------------------------------
     dataset: str = "synthetic"  # synthetic | deepmath | code_handwritten | codecontests
@@ -163,6 +166,8 @@ class Config:
             raise ConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}.")
         if not 0 < self.vllm_gpu_memory_utilization < 1:
             raise ConfigError(f"vllm_gpu_memory_utilization must be in (0, 1), got {self.vllm_gpu_memory_utilization}.")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ConfigError(f"micro_batch_tokens must be at least 1 (or null: no token cap), got {self.micro_batch_tokens}.")
         if self.max_prompt_tokens < 16:
             raise ConfigError(f"max_prompt_tokens must be at least 16, got {self.max_prompt_tokens}.")
         if self.epsilon_high is not None and self.epsilon_high < 0:
@@ -189,6 +194,7 @@ class Config:
                 list: isinstance(value, list),
                 str | None: value is None or isinstance(value, str),
                 float | None: value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)),
+                int | None: value is None or (isinstance(value, int) and not isinstance(value, bool)),
             }.get(hint, True)
             if not ok:
                 raise ConfigError(f"{f.name}={value!r} should be of type {getattr(hint, '__name__', hint)}.")

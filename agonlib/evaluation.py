@@ -33,7 +33,7 @@ from pathlib import Path
 from . import prompts
 from .game import grade
 from .parsing import final_text
-from .rollouts import generate, sample_seed
+from .rollouts import SamplingParams, generate, sample_seed
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,8 @@ def run_system(policies, problems: list[dict], system: str, config, *, samples: 
     paired = [problems[i // samples] for i in range(n_items)]
     seeds = lambda stage: [sample_seed(seed, -1, i // samples, i % samples, f"eval/{system}/{stage}")  # noqa: E731
                            for i in range(n_items)]
-    opts = dict(params=None, thinking=config.thinking, task=task, progress=progress)
+    opts = dict(params=SamplingParams.from_config(config), thinking=config.thinking, task=task,
+                max_prompt_tokens=config.max_prompt_tokens, progress=progress)
     draft_text = [_render(policies, config, prompts.draft_prompt(p["question"], task)) for p in paired]
     spent = [0] * n_items
     if system in _ADAPTER:

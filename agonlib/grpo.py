@@ -104,11 +104,13 @@ def completion_logprobs(
     chunks = []
     for s in range(0, B, step):
         sl = slice(s, s + step)
+        # Columns of left padding shared by every row of this micro-batch are skipped: they change nothing.
+        first = min(int(attention_mask[sl].any(0).long().argmax()), input_ids.size(1) - width - 1)
         # logits_to_keep: only the last Tc+1 positions go through the LM head; the last one predicts nothing.
         logits = model(
-            input_ids=input_ids[sl],
-            attention_mask=attention_mask[sl],
-            position_ids=position_ids[sl],
+            input_ids=input_ids[sl, first:],
+            attention_mask=attention_mask[sl, first:],
+            position_ids=position_ids[sl, first:],
             logits_to_keep=width + 1,
         ).logits[:, :-1]  # (b, Tc, V), model dtype
         ids = input_ids[sl, -width:]  # (b, Tc)
@@ -290,6 +292,7 @@ class UpdateConfig:
     temperature: float = 1.0  # the sampling temperature
     num_iterations: int = 1  # optimizer steps on the same rollouts (mu)
     micro_batch_size: int | None = None  # sequences per forward/backward; None = the whole batch
+    micro_batch_tokens: int | None = None  # padded tokens (rows x length) per forward/backward; None = no cap
     max_grad_norm: float | None = 1.0  # None = no clipping (the norm is still measured)
     kl_ratio_correction: bool = True  # TRL's use_bias_correction_kl
 
@@ -300,8 +303,15 @@ class UpdateConfig:
             raise ValueError("beta must be >= 0, epsilon > 0 and epsilon_high (if set) >= 0.")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the sampling temperature), got {self.temperature}.")
-        if self.num_iterations < 1 or (self.micro_batch_size is not None and self.micro_batch_size < 1):
-            raise ValueError("num_iterations and micro_batch_size must be >= 1 (micro_batch_size=None: one batch).")
+        if self.num_iterations < 1 or any(v is not None and v < 1 for v in (self.micro_batch_size, self.micro_batch_tokens)):
+            raise ValueError("num_iterations, micro_batch_size and micro_batch_tokens must be >= 1 (None: no cap).")
+
+    def rows_per_micro_batch(self, batch: int, length: int) -> int:
+        """Sequences per forward/backward for a ``(batch, length)`` padded batch: both caps, at least one row."""
+        rows = self.micro_batch_size or batch
+        if self.micro_batch_tokens is not None:
+            rows = min(rows, self.micro_batch_tokens // length)
+        return max(1, rows)
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be > 0 or None (no clipping), got {self.max_grad_norm}.")
 
@@ -340,7 +350,7 @@ def grpo_update(
         raise ValueError("beta > 0 needs batch.ref_logp: completion_logprobs with the adapters disabled.")
     params = list(params)
     B, Tc = batch.completion_mask.shape
-    step = cfg.micro_batch_size or B
+    step = cfg.rows_per_micro_batch(B, batch.input_ids.size(1))
     slices = [slice(s, s + step) for s in range(0, B, step)]
     n_items = batch.completion_mask.sum() if batch.num_items is None else batch.num_items  # active tokens
     n_seqs = B if batch.num_sequences is None else batch.num_sequences

@@ -147,22 +147,54 @@ def sample_batch(model, input_ids, attention_mask, seeds, params: SamplingParams
 
 
 @torch.no_grad()
+def prefill(decoder, input_ids, attention_mask, max_new_tokens: int, prefix: "SharedPrefix | None" = None):
+    """Run ``U`` left-padded prompts (their suffixes, with ``prefix``) into a fresh KV cache.
+
+    Returns the last position's logits ``(U, V)``, the cache (room for
+    ``max_new_tokens`` more), and the whole prompts' attention mask and rotary
+    positions ``(U, T_prompt)``. With ``prefix``, the shared prefixes are run
+    first, once per group, and each prompt starts from its group's cache: rows
+    then have padding between prefix and suffix, which the mask hides and the
+    positions (counted over real tokens only) skip.
+    """
+    U, width = input_ids.shape
+    if prefix is None:
+        cache = decoder.new_cache(U, width + max_new_tokens)
+    else:
+        G, shared = prefix.input_ids.shape
+        cache = decoder.new_cache(G, shared + width + max_new_tokens)
+        decoder.forward(prefix.input_ids, (prefix.attention_mask.cumsum(-1) - 1).clamp(min=0), prefix.attention_mask,
+                        cache)
+        cache.select(prefix.group)  # (G, ...) -> (U, ...)
+        attention_mask = torch.cat([prefix.attention_mask[prefix.group], attention_mask], dim=1)  # (U, T_prompt)
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (U, T_prompt)
+    logits = decoder.forward(input_ids, positions[:, cache.used :], attention_mask, cache)  # (U, V)
+    return logits, cache, attention_mask, positions
+
+
+@torch.no_grad()
 def sample_fast(decoder, input_ids, attention_mask, seeds, params: SamplingParams,
-                stop_ids: list[int], pad_id: int, rows=None, desc: str = "", progress: bool = False):
+                stop_ids: list[int], pad_id: int, rows=None, desc: str = "", progress: bool = False,
+                prefix: "SharedPrefix | None" = None):
     """:func:`sample_batch` on an :class:`agonlib.decode.FastDecoder`: same arguments, same draws.
+
+    With ``prefix`` (see :func:`share_prefixes`), ``input_ids``/``attention_mask``
+    hold only each prompt's suffix: the shared prefixes are prefilled first, once
+    per group, and their KV cache copied to the group's prompts.
 
     Finished rows keep decoding (their tokens are ignored) until a quarter of
     the batch has finished; then they leave it in one copy of the KV cache,
     instead of one copy per finished row.
     """
     device = input_ids.device
-    B, (U, width) = len(seeds), input_ids.shape
+    B = len(seeds)
     rows = torch.arange(B, device=device) if rows is None else torch.as_tensor(rows, device=device)
     generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
     stops = torch.tensor(stop_ids, device=device)
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (U, T_prompt)
-    cache = decoder.new_cache(U, width + params.max_new_tokens)
-    logits = decoder.forward(input_ids, positions, attention_mask, cache)[rows]  # (B, V)
+    logits, cache, attention_mask, positions = prefill(decoder, input_ids, attention_mask, params.max_new_tokens,
+                                                       prefix)
+    width = attention_mask.shape[1]
+    logits = logits[rows]  # (B, V)
     cache.select(rows)  # (U, ...) -> (B, ...)
     key_mask = torch.cat([attention_mask[rows], attention_mask.new_zeros(B, params.max_new_tokens)], dim=1)
     position = positions[rows, -1:]  # (B, 1)
@@ -191,14 +223,19 @@ def sample_fast(decoder, input_ids, attention_mask, seeds, params: SamplingParam
     return tokens[:, :steps]  # (B, T_new)
 
 
-def _left_padded(ids: list[list[int]], max_len: int, pad_id: int, device, stats=None) -> dict:
-    """Left-pad token lists into ``input_ids`` / ``attention_mask`` ``(U, T)``; over-long ones keep their end."""
+def _cut_left(ids: list[list[int]], max_len: int, stats: GenerationStats | None = None) -> list[list[int]]:
+    """Prompts longer than ``max_len`` tokens keep their end; each cut is logged and counted."""
     cut = sum(len(x) > max_len for x in ids)
     if cut:
         log.warning("%d prompt(s) longer than max_prompt_tokens=%d were cut from the left.", cut, max_len)
         if stats is not None:
             stats.prompts_truncated += cut
-    ids = [x[-max_len:] for x in ids]
+    return [x[-max_len:] for x in ids]
+
+
+def _left_padded(ids: list[list[int]], max_len: int, pad_id: int, device, stats=None) -> dict:
+    """Left-pad token lists into ``input_ids`` / ``attention_mask`` ``(U, T)``; over-long ones keep their end."""
+    ids = _cut_left(ids, max_len, stats)
     width = max(len(x) for x in ids)
     input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(ids), width), dtype=torch.long)
@@ -206,6 +243,70 @@ def _left_padded(ids: list[list[int]], max_len: int, pad_id: int, device, stats=
         input_ids[i, width - len(x) :] = torch.tensor(x, dtype=torch.long)
         mask[i, width - len(x) :] = 1
     return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
+
+
+@dataclass
+class SharedPrefix:
+    """Token prefixes that groups of prompts share, for :func:`sample_fast` to prefill once per group."""
+
+    input_ids: torch.Tensor  # (G, W) left-padded
+    attention_mask: torch.Tensor  # (G, W)
+    group: torch.Tensor  # (U,) the group of each prompt
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+MIN_SHARED = 16  # tokens: a shorter common prefix is not worth a prefill call of its own
+
+
+def share_prefixes(ids: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Group consecutive prompts by a shared token prefix: ``(group of each prompt, prefix length of each group)``.
+
+    A prompt joins the open group when that lowers the number of tokens to
+    prefill (the group's prefix once, plus every member's suffix) and the
+    group keeps at least ``MIN_SHARED`` shared tokens; a group's prefix leaves
+    each member at least one token of its own, whose logits start the
+    completion. The challenger's prompts of one problem share the system
+    prompt, the worked example, the problem and the rival's introduction, and
+    differ only from the summary on.
+    """
+    group, lengths = [], []
+    for j, x in enumerate(ids):
+        if lengths:
+            first = group.index(len(lengths) - 1)
+            members, shared = j - first, lengths[-1]
+            joined = min(shared, _common_prefix(ids[first], x), len(x) - 1)
+            # prefill cost with x in the group: sum(len) - members * joined; with x alone: sum(len) - (members-1) * shared
+            if joined >= MIN_SHARED and members * joined > (members - 1) * shared:
+                group.append(len(lengths) - 1)
+                lengths[-1] = joined
+                continue
+        group.append(len(lengths))
+        lengths.append(len(x) - 1)
+    return group, lengths
+
+
+def prompt_layout(ids: list[list[int]], pad_id: int, device) -> tuple[dict, SharedPrefix | None]:
+    """Left-padded prompts for :func:`sample_fast`, split into shared prefixes and suffixes where that saves work.
+
+    Returns ``(suffixes, prefix)``: without any shared prefix, ``suffixes`` are
+    the whole prompts and ``prefix`` is ``None``.
+    """
+    group, lengths = share_prefixes(ids)
+    if len(lengths) == len(ids):
+        return _left_padded(ids, max(map(len, ids)), pad_id, device), None
+    heads = [ids[group.index(g)][:n] for g, n in enumerate(lengths)]
+    tails = [x[lengths[g]:] for x, g in zip(ids, group)]
+    shared = _left_padded(heads, max(lengths), pad_id, device)
+    prefix = SharedPrefix(shared["input_ids"], shared["attention_mask"], torch.tensor(group, device=device))
+    return _left_padded(tails, max(map(len, tails)), pad_id, device), prefix
 
 
 def fast_decoder(policies, adapter: str | None):
@@ -248,24 +349,24 @@ def generate(policies, prompts: list[str], adapter: str | None, seeds: list[int]
         chunk, chunk_seeds = prompts[lo : lo + batch_size], seeds[lo : lo + batch_size]
         position = {p: i for i, p in enumerate(dict.fromkeys(chunk))}  # each distinct prompt prefilled once
         rows = [position[p] for p in chunk]
-        enc = _left_padded(tok(list(position), add_special_tokens=False)["input_ids"], max_prompt_tokens,
-                           tok.pad_token_id, policies.device, stats)
+        ids = _cut_left(tok(list(position), add_special_tokens=False)["input_ids"], max_prompt_tokens, stats)
         if decoder is not None:
+            enc, prefix = prompt_layout(ids, tok.pad_token_id, policies.device)
             new = sample_fast(decoder, enc["input_ids"], enc["attention_mask"], chunk_seeds, params,
-                              policies.stop_token_ids, tok.pad_token_id, rows=rows)
+                              policies.stop_token_ids, tok.pad_token_id, rows=rows, prefix=prefix)
         else:
+            enc = _left_padded(ids, max_prompt_tokens, tok.pad_token_id, policies.device)
             with policies.use(adapter):
                 new = sample_batch(policies.model, enc["input_ids"], enc["attention_mask"], chunk_seeds, params,
                                    policies.stop_token_ids, tok.pad_token_id, rows=rows)
         stop_set = set(policies.stop_token_ids)
         for i, (prompt, seed) in enumerate(zip(chunk, chunk_seeds)):
-            ids = new[i].tolist()
-            end = next((j + 1 for j, t in enumerate(ids) if t in stop_set), None)
-            completion = ids[:end] if end else ids
+            drawn = new[i].tolist()
+            end = next((j + 1 for j, t in enumerate(drawn) if t in stop_set), None)
+            completion = drawn[:end] if end else drawn
             text = tok.decode(completion, skip_special_tokens=True)
             parts = split_completion(text, thinking=thinking, task=task)
-            prompt_ids = enc["input_ids"][rows[i]][enc["attention_mask"][rows[i]].bool()].tolist()
-            rollouts.append(Rollout(prompt, prompt_ids, completion, text, parts.think, parts.summary,
+            rollouts.append(Rollout(prompt, ids[rows[i]], completion, text, parts.think, parts.summary,
                                     parts.answer, len(completion), end is None, int(seed)))
             if stats is not None:
                 stats.tokens += len(completion)

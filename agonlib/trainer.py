@@ -145,7 +145,8 @@ class Trainer:
             loss_type=config.loss_type, beta=config.beta, epsilon=config.epsilon,
             epsilon_high=config.epsilon_high, max_completion_length=config.max_new_tokens,
             temperature=config.temperature, num_iterations=config.num_iterations,
-            micro_batch_size=config.micro_batch_size, max_grad_norm=config.max_grad_norm,
+            micro_batch_size=config.micro_batch_size, micro_batch_tokens=config.micro_batch_tokens,
+            max_grad_norm=config.max_grad_norm,
         )
         self.train_problems = problems_for(config, "train")
         if not self.train_problems:
@@ -176,6 +177,7 @@ class Trainer:
             return {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "skipped_zero_adv": 1}
         keep = [i for i in range(len(rollouts)) if adv[i] != 0 or cfg.beta > 0]  # departure 2
         keep = keep or [0]  # data parallel, nothing to learn on this rank: a zero-advantage row adds exactly 0
+        keep.sort(key=lambda i: len(rollouts[i].prompt_ids))  # micro-batches of similar lengths pad less
         batch = build_batch([rollouts[i] for i in keep], adv[keep], pol.tokenizer.pad_token_id, pol.device)
         batch.num_sequences = len(rollouts)
         batch.num_items = sum(r.length for r in rollouts)
@@ -184,7 +186,8 @@ class Trainer:
         if cfg.beta > 0:
             with torch.no_grad(), pol.use(None):
                 batch.ref_logp = completion_logprobs(pol.model, batch.input_ids, batch.attention_mask,
-                                                     batch.completion_mask, cfg.temperature, cfg.micro_batch_size)
+                                                     batch.completion_mask, cfg.temperature,
+                                                     self.update_cfg.rows_per_micro_batch(*batch.input_ids.shape))
         with pol.use(adapter):
             pol.model.train()
             stats = grpo_update(pol.model, batch, pol.params(adapter), optimizer, self.update_cfg,

@@ -22,8 +22,10 @@ Sections (issue 7):
   both update on every sequence; split into generation, log-prob (a no-grad
   forward) and update (forward, backward, AdamW) seconds.
 - ``rss``: peak resident memory of a process that loads and runs one such
-  step: two adapters on one base (Agon), one adapter (GRPO), and two separate
-  model copies with one adapter each. Each in its own subprocess.
+  step: two adapters on one base (Agon), one adapter (GRPO), and the Agon
+  step while a second base model (one adapter, weights in private memory)
+  is held, which is what two separate policy models would add. Each in its
+  own subprocess.
 - ``grading``: the math grader pool (``benchmarks/grading.py``).
 - ``load``: first load of the SmolLM2 GGUF (dequantise into an empty cache)
   against a cached load, each in a fresh subprocess.
@@ -191,7 +193,7 @@ def _forced_step(policies, step_seed: int = 0) -> dict:
     roles = [(rnd.drafter, rnd.drafts)] + ([(rnd.challenger, rnd.challenges)] if rnd.challenger else [])
     update_cfg = UpdateConfig(loss_type=cfg.loss_type, epsilon=cfg.epsilon, max_completion_length=cfg.max_new_tokens,
                               temperature=cfg.temperature, micro_batch_size=cfg.micro_batch_size,
-                              max_grad_norm=cfg.max_grad_norm)
+                              micro_batch_tokens=cfg.micro_batch_tokens, max_grad_norm=cfg.max_grad_norm)
     gen = torch.Generator().manual_seed(step_seed)
     logprob = update = 0.0
     tokens = 0
@@ -204,7 +206,7 @@ def _forced_step(policies, step_seed: int = 0) -> dict:
             start = time.perf_counter()
             with torch.no_grad():
                 completion_logprobs(policies.model, batch.input_ids, batch.attention_mask, batch.completion_mask,
-                                    cfg.temperature, cfg.micro_batch_size)
+                                    cfg.temperature, update_cfg.rows_per_micro_batch(*batch.input_ids.shape))
             logprob += time.perf_counter() - start
             policies.model.train()
             start = time.perf_counter()
@@ -213,7 +215,25 @@ def _forced_step(policies, step_seed: int = 0) -> dict:
             policies.model.eval()
     return {"generation_s": round(generation, 2), "logprob_s": round(logprob, 2), "update_s": round(update, 2),
             "total_s": round(generation + logprob + update, 2), "tokens": tokens,
-            "sequences": sum(len(r) for _, r in roles)}
+            "sequences": sum(len(r) for _, r in roles),
+            "draft_generation_s": round(rnd.draft_generation.seconds, 2),
+            "challenge_generation_s": round(rnd.challenge_generation.seconds, 2), **_token_counts(rnd)}
+
+
+def _token_counts(rnd) -> dict:
+    """The work behind the seconds: tokens prefilled (shared prefixes once) and tokens trained (padded)."""
+    from agonlib.rollouts import share_prefixes
+
+    out = {"prefill_tokens": 0, "train_padded_tokens": 0}
+    for rollouts in (rnd.drafts, rnd.challenges):
+        if not rollouts:
+            continue
+        distinct = [list(p) for p in dict.fromkeys(tuple(r.prompt_ids) for r in rollouts)]
+        group, shared = share_prefixes(distinct)
+        out["prefill_tokens"] += sum(shared) + sum(len(p) - shared[g] for p, g in zip(distinct, group))
+        width = max(len(r.prompt_ids) for r in rollouts) + max(r.length for r in rollouts)
+        out["train_padded_tokens"] += len(rollouts) * width
+    return out
 
 
 def bench_step(args) -> dict:
@@ -231,8 +251,9 @@ def bench_step(args) -> dict:
             runs.append(row)
             print(f"  step {name}: {row}", flush=True)
     total = {n: sum(r["total_s"] for r in runs if r["run"] == n) for n in ("agon", "grpo_2n")}
-    parts = {n: {k: round(sum(r[k] for r in runs if r["run"] == n) / args.reps, 2)
-                 for k in ("generation_s", "logprob_s", "update_s", "total_s")} for n in total}
+    keys = ("generation_s", "draft_generation_s", "challenge_generation_s", "logprob_s", "update_s", "total_s",
+            "prefill_tokens", "train_padded_tokens")
+    parts = {n: {k: round(sum(r[k] for r in runs if r["run"] == n) / args.reps, 2) for k in keys} for n in total}
     return {"max_new_tokens": args.step_tokens, "problems_per_step": agon_cfg.problems_per_step,
             "num_generations": agon_cfg.num_generations, "runs": runs, "mean": parts,
             "agon_grpo_step_ratio": round(total["agon"] / total["grpo_2n"], 3)}
@@ -256,12 +277,14 @@ def _rss_child(kind: str, step_tokens: int) -> None:
                                  adapters=("A",))
         after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         _forced_step(policies)
-    elif kind == "two_copies":
-        cfg = _config(mode="grpo", max_new_tokens=step_tokens)
-        copies = [load_policies(cfg, adapters=("A",)) for _ in range(2)]
+    elif kind == "two_copies":  # the Agon step, plus a second base model held in its own memory
+        policies = load_policies(_config(mode="agon", max_new_tokens=step_tokens))
+        second = load_policies(_config(mode="grpo", max_new_tokens=step_tokens), adapters=("B",))
+        with torch.no_grad():
+            for p in second.model.parameters():
+                p.data = p.data.clone()  # private pages, as a second model on a GPU would hold
         after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        for policies in copies:
-            _forced_step(policies)
+        _forced_step(policies)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"kind": kind, "peak_rss_mib": round(peak / 1024, 1),
                       "after_load_rss_mib": round(after_load / 1024, 1)}))
@@ -329,9 +352,12 @@ def markdown(results: dict) -> str:
         s = results["step"]
         lines += ["", f"## One training step, same generated tokens ({s['problems_per_step']} problems × "
                   f"{s['num_generations']} generations × 2, {s['max_new_tokens']} tokens each)", "",
-                  "| run | generation s | log-prob s | update s | total s |", "|---|---|---|---|---|"]
+                  "| run | generation s (drafts + challenges) | log-prob s | update s | total s | prefill tokens "
+                  "| trained tokens (padded) |", "|---|---|---|---|---|---|---|"]
         for name, p in s["mean"].items():
-            lines.append(f"| {name} | {p['generation_s']} | {p['logprob_s']} | {p['update_s']} | {p['total_s']} |")
+            lines.append(f"| {name} | {p['generation_s']} ({p['draft_generation_s']} + {p['challenge_generation_s']}) "
+                         f"| {p['logprob_s']} | {p['update_s']} | {p['total_s']} | {p['prefill_tokens']:.0f} "
+                         f"| {p['train_padded_tokens']:.0f} |")
         lines.append(f"\nAgon ÷ GRPO-2N: **{s['agon_grpo_step_ratio']}**")
     if "rss" in results:
         lines += ["", "## Peak RSS (one forced step, own process)", "", "| model | after load MiB | peak MiB |",

@@ -66,7 +66,12 @@ def test_fast_logits_follow_a_trained_adapter(smoke_policies_scratch):
 
 @pytest.mark.parametrize("params", [SamplingParams(1.0, 1.0, 0, 10), SamplingParams(0.7, 0.9, 50, 10)])
 def test_fast_and_transformers_paths_draw_the_same_tokens(smoke_policies, monkeypatch, params):
-    prompts = [render(smoke_policies.tokenizer, draft_prompt(q)) for q in QUESTIONS] * 2
+    from agonlib.prompts import challenge_prompt
+
+    tok = smoke_policies.tokenizer
+    # drafts share the system prompt; a problem's challenges share everything up to the summary
+    prompts = [render(tok, draft_prompt(q)) for q in QUESTIONS] * 2
+    prompts += [render(tok, challenge_prompt(q, s)) for q in QUESTIONS[:2] for s in ("Add them.", "Halve it.")]
     seeds = [sample_seed(3, 1, i, 0) for i in range(len(prompts))]
     runs = {}
     for choice in ("transformers", "fast"):
@@ -167,3 +172,40 @@ def test_plain_generate_and_the_fast_path_sample_the_same_distribution(smoke_pol
         counts = torch.stack([(tokens == t).sum() for t in support]).float()
         assert counts.sum() == DRAWS  # every draw inside the top-k support
         assert _chi2(counts, probs) < CHI2_7DF_P001
+
+
+# --- shared prefixes in the prefill ---------------------------------------------------------------------
+
+def test_share_prefixes_groups_a_problems_challenges():
+    from agonlib.rollouts import MIN_SHARED, share_prefixes
+
+    head = list(range(100, 100 + MIN_SHARED))  # system prompt and example, shared by every prompt
+    p1, p2 = head + list(range(20)), head + list(range(30, 45))  # two problems, each with its rival intro
+    prompts = [p1 + [10, 11], p1 + [12], p1 + [13, 14, 15], p2 + [16], p2 + [17, 18]]
+    group, lengths = share_prefixes(prompts)
+    assert group == [0, 0, 0, 1, 1]
+    assert lengths == [len(p1), len(p2)]  # the problem prefix, not just the common head
+    # a group's prefix leaves every member one token of its own
+    assert share_prefixes([p1, p1 + [9]]) == ([0, 0], [len(p1) - 1])
+    # too little in common: every prompt on its own
+    assert share_prefixes([[1] * 40, [1] * (MIN_SHARED - 1) + [2] * 30]) == ([0, 1], [39, 44])
+
+
+def test_shared_prefix_prefill_gives_the_same_logits(smoke_policies):
+    from agonlib.prompts import challenge_prompt
+    from agonlib.rollouts import prefill, prompt_layout
+
+    tok = smoke_policies.tokenizer
+    summaries = ["First add 3 and 4.", "Multiply the price by five, then subtract.", ""]
+    texts = [render(tok, challenge_prompt(q, s)) for q in QUESTIONS[:2] for s in summaries]
+    ids = tok(texts, add_special_tokens=False)["input_ids"]
+    suffixes, prefix = prompt_layout(ids, tok.pad_token_id, smoke_policies.device)
+    assert prefix is not None and prefix.group.tolist() == [0, 0, 0, 1, 1, 1]
+    fast = decode.FastDecoder(smoke_policies.model, "B")
+    shared, cache, mask, positions = prefill(fast, suffixes["input_ids"], suffixes["attention_mask"], 4, prefix)
+    whole = _left_padded(ids, 4096, tok.pad_token_id, smoke_policies.device)
+    plain, _, plain_mask, plain_positions = prefill(fast, whole["input_ids"], whole["attention_mask"], 4)
+    torch.testing.assert_close(shared, plain, rtol=0, atol=1e-5)
+    assert mask.sum(1).tolist() == [len(x) for x in ids]  # every prompt token is seen, once
+    assert positions[:, -1].tolist() == plain_positions[:, -1].tolist()
+    assert cache.k.shape[1] == len(ids) and cache.used == mask.shape[1]

@@ -251,6 +251,24 @@ def test_micro_batches_give_the_full_batch_update(loss_type):
             assert s_micro.kl == pytest.approx(s_full.kl, abs=1e-6)
 
 
+def test_token_capped_micro_batches_give_the_full_batch_update():
+    batch = _update_batch()  # (6, 8): 48 padded tokens
+    assert UpdateConfig(micro_batch_tokens=20).rows_per_micro_batch(6, 8) == 2
+    assert UpdateConfig(micro_batch_size=4, micro_batch_tokens=1000).rows_per_micro_batch(6, 8) == 4
+    assert UpdateConfig(micro_batch_tokens=3).rows_per_micro_batch(6, 8) == 1  # never zero rows
+    full, s_full = _run(batch, UpdateConfig(max_grad_norm=None))
+    model, rows = TinyLM(), []
+    model.register_forward_hook(lambda module, args, kwargs, out: rows.append(kwargs["input_ids"].size(0)),
+                                with_kwargs=True)
+    params = list(model.parameters())
+    s_capped = grpo_update(model, batch, params, torch.optim.SGD(params, lr=0.5),
+                           UpdateConfig(max_grad_norm=None, micro_batch_tokens=20))
+    assert rows == [2, 2, 2]
+    for a, b in zip(full.parameters(), model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert s_capped.loss == pytest.approx(s_full.loss, abs=1e-6)
+
+
 def test_update_moves_params_and_clips():
     batch = _update_batch()
     before = [p.detach().clone() for p in TinyLM().parameters()]
@@ -323,6 +341,8 @@ def test_completion_logprobs_matches_naive_gather_with_left_padding(kind):
     with torch.no_grad():
         got = completion_logprobs(model, ids, attn, P, temperature=temperature)  # (B, Tc)
         got_mb = completion_logprobs(model, ids, attn, attn[:, P:], temperature=temperature, micro_batch_size=2)
+        # one row per micro-batch: each skips its own columns of left padding
+        got_one = completion_logprobs(model, ids, attn, P, temperature=temperature, micro_batch_size=1)
         for i, (p, c) in enumerate(zip(prompts, completions)):
             # Naive: the sequence alone, unpadded, full (T, V) log-softmax, then gather.
             seq = torch.tensor([p + c])
@@ -330,7 +350,7 @@ def test_completion_logprobs_matches_naive_gather_with_left_padding(kind):
             want = lsm[len(p) - 1 : -1].gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
             assert torch.allclose(got[i, : len(c)], want, atol=1e-5), (i, got[i], want)
             assert torch.all(got[i, len(c) :] == 0)  # completion padding
-    assert got.shape == (3, Tc) and torch.allclose(got, got_mb, atol=1e-6)
+    assert got.shape == (3, Tc) and torch.allclose(got, got_mb, atol=1e-6) and torch.allclose(got, got_one, atol=1e-5)
 
     # With grad: the checkpointed chunked log-softmax gives the plain autograd gradient.
     model.zero_grad()

@@ -24,7 +24,8 @@ Sections (issue 7):
 - ``rss``: peak resident memory of a process that loads and runs one such
   step: two adapters on one base (Agon), one adapter (GRPO), and the Agon
   step while a second base model (one adapter, weights in private memory)
-  is held, which is what two separate policy models would add. Each in its
+  is held, which is what two separate policy models would add; and Agon and
+  GRPO again without the profile's ``micro_batch_tokens`` cap. Each in its
   own subprocess.
 - ``grading``: the math grader pool (``benchmarks/grading.py``).
 - ``load``: first load of the SmolLM2 GGUF (dequantise into an empty cache)
@@ -51,6 +52,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 OUT_JSON, OUT_MD = HERE / "results.json", HERE / "results.md"
 SECTIONS = ("params", "rollout", "step", "rss", "grading", "load")
+RSS_KINDS = ("agon", "grpo", "two_copies", "agon_uncapped", "grpo_uncapped")
 
 
 def machine() -> dict:
@@ -262,44 +264,62 @@ def bench_step(args) -> dict:
 # --- rss ----------------------------------------------------------------------------------------
 
 
+def _peak_rss_kib() -> int:
+    """This process's peak resident set (``VmHWM``), in KiB.
+
+    Not ``getrusage``'s ``ru_maxrss``: Linux carries that across ``exec`` from
+    the parent, so a child started after the parent's own 6 GB step would
+    report the parent's peak.
+    """
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def _rss_child(kind: str, step_tokens: int) -> None:
     """Run in a subprocess: load, one forced step, print peak RSS (MiB) as JSON."""
     from agonlib.models import load_policies
 
     torch.set_num_threads(1)
     after_load = None
+    name, (kind, _, uncapped) = kind, kind.partition("_")  # "agon_uncapped": without the profile's micro_batch_tokens
+    cap = {"micro_batch_tokens": None} if uncapped == "uncapped" else {}
     if kind == "agon":
-        policies = load_policies(_config(mode="agon", max_new_tokens=step_tokens))
-        after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        policies = load_policies(_config(mode="agon", max_new_tokens=step_tokens, **cap))
+        after_load = _peak_rss_kib()
         _forced_step(policies)
     elif kind == "grpo":
-        policies = load_policies(_config(mode="grpo", grpo_compute_matched=True, max_new_tokens=step_tokens),
+        policies = load_policies(_config(mode="grpo", grpo_compute_matched=True, max_new_tokens=step_tokens, **cap),
                                  adapters=("A",))
-        after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        after_load = _peak_rss_kib()
         _forced_step(policies)
-    elif kind == "two_copies":  # the Agon step, plus a second base model held in its own memory
+    elif kind == "two":  # "two_copies": the Agon step, plus a second base model held in its own memory
         policies = load_policies(_config(mode="agon", max_new_tokens=step_tokens))
-        second = load_policies(_config(mode="grpo", max_new_tokens=step_tokens), adapters=("B",))
+        second = load_policies(_config(mode="grpo", max_new_tokens=step_tokens), adapters=("A",))
         with torch.no_grad():
             for p in second.model.parameters():
                 p.data = p.data.clone()  # private pages, as a second model on a GPU would hold
-        after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        after_load = _peak_rss_kib()
         _forced_step(policies)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"kind": kind, "peak_rss_mib": round(peak / 1024, 1),
+    peak = _peak_rss_kib()
+    print(json.dumps({"kind": name, "peak_rss_mib": round(peak / 1024, 1),
                       "after_load_rss_mib": round(after_load / 1024, 1)}))
 
 
 def bench_rss(args) -> dict:
     rows = {}
-    for kind in ("agon", "grpo", "two_copies"):
+    for kind in RSS_KINDS:
         out = subprocess.run([sys.executable, "-m", "benchmarks.run", "--rss-child", kind,
                               "--step-tokens", str(args.step_tokens)],
                              capture_output=True, text=True, cwd=HERE.parent, check=True)
         rows[kind] = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"  rss {rows[kind]}", flush=True)
-    return {"runs": rows, "peak_rss_ratio": round(rows["agon"]["peak_rss_mib"] / rows["grpo"]["peak_rss_mib"], 3),
-            "two_copies_ratio": round(rows["two_copies"]["peak_rss_mib"] / rows["grpo"]["peak_rss_mib"], 3)}
+    ratio = lambda a, b: round(rows[a]["peak_rss_mib"] / rows[b]["peak_rss_mib"], 3)  # noqa: E731
+    return {"runs": rows, "peak_rss_ratio": ratio("agon", "grpo"), "two_copies_ratio": ratio("two_copies", "grpo"),
+            "peak_rss_ratio_without_token_cap": ratio("agon_uncapped", "grpo_uncapped")}
 
 
 # --- grading, load ------------------------------------------------------------------------------
@@ -355,15 +375,20 @@ def markdown(results: dict) -> str:
                   "| run | generation s (drafts + challenges) | log-prob s | update s | total s | prefill tokens "
                   "| trained tokens (padded) |", "|---|---|---|---|---|---|---|"]
         for name, p in s["mean"].items():
+            p = {"draft_generation_s": "?", "challenge_generation_s": "?", "prefill_tokens": "?",
+                 "train_padded_tokens": "?", **p}  # results.json from before these were counted
             lines.append(f"| {name} | {p['generation_s']} ({p['draft_generation_s']} + {p['challenge_generation_s']}) "
-                         f"| {p['logprob_s']} | {p['update_s']} | {p['total_s']} | {p['prefill_tokens']:.0f} "
-                         f"| {p['train_padded_tokens']:.0f} |")
+                         f"| {p['logprob_s']} | {p['update_s']} | {p['total_s']} | {p['prefill_tokens']} "
+                         f"| {p['train_padded_tokens']} |")
         lines.append(f"\nAgon ÷ GRPO-2N: **{s['agon_grpo_step_ratio']}**")
     if "rss" in results:
         lines += ["", "## Peak RSS (one forced step, own process)", "", "| model | after load MiB | peak MiB |",
                   "|---|---|---|"]
         for kind, row in results["rss"]["runs"].items():
             lines.append(f"| {kind} | {row['after_load_rss_mib']} | {row['peak_rss_mib']} |")
+        r = results["rss"]
+        lines.append(f"\nAgon ÷ GRPO-2N: **{r['peak_rss_ratio']}** (without the token cap: "
+                     f"{r.get('peak_rss_ratio_without_token_cap', '?')}); two copies ÷ GRPO-2N: {r['two_copies_ratio']}")
     if "params" in results:
         lines += ["", "## Adapter size", ""]
         for name, rep in results["params"].items():
@@ -396,7 +421,7 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller batches and fewer repetitions")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--step-tokens", type=int, default=64)
-    parser.add_argument("--rss-child", choices=("agon", "grpo", "two_copies"), help=argparse.SUPPRESS)
+    parser.add_argument("--rss-child", choices=RSS_KINDS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:

@@ -305,6 +305,8 @@ class UpdateConfig:
             raise ValueError(f"temperature must be > 0 (the sampling temperature), got {self.temperature}.")
         if self.num_iterations < 1 or any(v is not None and v < 1 for v in (self.micro_batch_size, self.micro_batch_tokens)):
             raise ValueError("num_iterations, micro_batch_size and micro_batch_tokens must be >= 1 (None: no cap).")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0 or None (no clipping), got {self.max_grad_norm}.")
 
     def rows_per_micro_batch(self, batch: int, length: int) -> int:
         """Sequences per forward/backward for a ``(batch, length)`` padded batch: both caps, at least one row."""
@@ -312,8 +314,6 @@ class UpdateConfig:
         if self.micro_batch_tokens is not None:
             rows = min(rows, self.micro_batch_tokens // length)
         return max(1, rows)
-        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
-            raise ValueError(f"max_grad_norm must be > 0 or None (no clipping), got {self.max_grad_norm}.")
 
 
 @dataclass

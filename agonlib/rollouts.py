@@ -278,9 +278,9 @@ def share_prefixes(ids: list[list[int]]) -> tuple[list[int], list[int]]:
     differ only from the summary on.
     """
     group, lengths = [], []
+    first = 0  # the open group's first prompt
     for j, x in enumerate(ids):
         if lengths:
-            first = group.index(len(lengths) - 1)
             members, shared = j - first, lengths[-1]
             joined = min(shared, _common_prefix(ids[first], x), len(x) - 1)
             # prefill cost with x in the group: sum(len) - members * joined; with x alone: sum(len) - (members-1) * shared
@@ -288,6 +288,7 @@ def share_prefixes(ids: list[list[int]]) -> tuple[list[int], list[int]]:
                 group.append(len(lengths) - 1)
                 lengths[-1] = joined
                 continue
+        first = j
         group.append(len(lengths))
         lengths.append(len(x) - 1)
     return group, lengths

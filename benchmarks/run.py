@@ -285,8 +285,8 @@ def _rss_child(kind: str, step_tokens: int) -> None:
 
     torch.set_num_threads(1)
     after_load = None
-    name, (kind, _, uncapped) = kind, kind.partition("_")  # "agon_uncapped": without the profile's micro_batch_tokens
-    cap = {"micro_batch_tokens": None} if uncapped == "uncapped" else {}
+    name, kind = kind, kind.removesuffix("_uncapped")  # "agon_uncapped": without the profile's micro_batch_tokens
+    cap = {"micro_batch_tokens": None} if name != kind else {}
     if kind == "agon":
         policies = load_policies(_config(mode="agon", max_new_tokens=step_tokens, **cap))
         after_load = _peak_rss_kib()
@@ -296,7 +296,7 @@ def _rss_child(kind: str, step_tokens: int) -> None:
                                  adapters=("A",))
         after_load = _peak_rss_kib()
         _forced_step(policies)
-    elif kind == "two":  # "two_copies": the Agon step, plus a second base model held in its own memory
+    elif kind == "two_copies":  # the Agon step, plus a second base model held in its own memory
         policies = load_policies(_config(mode="agon", max_new_tokens=step_tokens))
         second = load_policies(_config(mode="grpo", max_new_tokens=step_tokens), adapters=("A",))
         with torch.no_grad():

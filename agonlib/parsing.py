@@ -19,6 +19,14 @@ A thinking model that never closes ``</think>`` (truncated) has no final text:
 its summary is empty and its answer is ``None``. A non-thinking model's final
 text is the whole completion.
 
+A draft without a complete box (unboxed, or cut off inside ``\\boxed{…``) has
+no answer to grade, but it still states one: the unclosed box tail is dropped
+and a *fallback* answer — the number after the last ``=``, else the last
+number — is masked, so the challenger cannot copy it (DESIGN.md §2 step 3)::
+
+    >>> split_completion("She has 5+2=7 apples, so \\boxed{7", thinking=False)
+    Split(think='', summary='She has 5+2=[…] apples, so', answer=None)
+
 For code tasks (``task="code"``) the "answer" is the last fenced code block and
 the summary is the final text without that block (the explanation only).
 """
@@ -57,6 +65,21 @@ def _boxes(text: str) -> list[tuple[int, int, str]]:
     >>> _boxes(r"a \\boxed{\\frac{1}{2}} b \\boxed{3")  # the second never closes
     [(2, 21, '\\\\frac{1}{2}')]
     """
+    return _scan_boxes(text)[0]
+
+
+def _unclosed_box(text: str) -> int | None:
+    """Where the first box that never closes starts (a draft cut off inside ``\\boxed{…``), else ``None``.
+
+    >>> _unclosed_box(r"\\boxed{1} so \\boxed{2")
+    13
+    """
+    unclosed = _scan_boxes(text)[1]
+    return unclosed[0] if unclosed else None
+
+
+def _scan_boxes(text: str) -> tuple[list[tuple[int, int, str]], list[int]]:
+    """``(outermost complete boxes, starts of boxes still open at the end)``."""
     found, open_boxes, depth = [], [], 0  # open_boxes: (start, content_start, depth outside)
     for m in _BRACE_RE.finditer(text):
         token = m.group()
@@ -77,7 +100,7 @@ def _boxes(text: str) -> list[tuple[int, int, str]]:
     for box in found:
         if not outer or box[0] >= outer[-1][1]:
             outer.append(box)
-    return outer
+    return outer, [start for start, _, _ in open_boxes]
 
 
 def last_boxed(text: str) -> str | None:
@@ -167,6 +190,22 @@ def mask_answer(text: str, answer: str | None) -> str:
     return re.sub(pattern, MASK, text)
 
 
+_NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*(?:/\d+)?")
+
+
+def fallback_answer(text: str) -> str | None:
+    """The answer an unboxed draft states: the number after the last ``=``, else the last number.
+
+    >>> fallback_answer("3 + 4 = 7, so she has 7 left"), fallback_answer("she has 9 - 2"), fallback_answer("no idea")
+    ('7', '2', None)
+    """
+    after_equals = _NUMBER.search(text, text.rfind("=") + 1) if "=" in text else None
+    if after_equals is not None:
+        return after_equals.group()
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
 def _tidy(text: str) -> str:
     lines = [line.rstrip() for line in text.strip().splitlines()]
     out: list[str] = []
@@ -205,8 +244,14 @@ def split_completion(text: str, thinking: bool = True, task: str = "math") -> Sp
         last = matches[-1]
         return Split(think, _tidy(final[: last.start()] + final[last.end() :]), last.group(2))
     answer = last_boxed(final)
+    # An unboxed draft still states its answer in prose (or inside the box it never closed):
+    # read a fallback from the text, box tail included, then drop that tail.
+    stated = answer if answer is not None else fallback_answer(final)
+    cut = _unclosed_box(final)
+    if cut is not None:
+        final = final[:cut]
     summary = remove_final_answer_statements(remove_boxes(final))
-    return Split(think, _tidy(mask_answer(summary, answer)), answer)
+    return Split(think, _tidy(mask_answer(summary, stated)), answer)
 
 
 def extract_summary(text: str, thinking: bool = True, task: str = "math") -> str:

@@ -82,12 +82,14 @@ SPLIT = [
     # math delimiters emptied by box removal go: $…$, \[…\], \(…\), $$…$$
     (r"Thus $\boxed{7}$ and \[\boxed{7}\] and \(\boxed{7}\) and $$\boxed{7}$$ end", False,
      ("", "Thus and and and end", "7")),
-    # an unclosed box is left as text (answer None, nothing to mask)
-    (r"It is \boxed{3", False, ("", r"It is \boxed{3", None)),
-    # no box: the summary is the text, untouched
-    ("I got 4 apples.", False, ("", "I got 4 apples.", None)),
-    # "The final answer is …" sentence removed, the rest kept
-    ("Add them: 5+7=12. The final answer is 12. Done.", False, ("", "Add them: 5+7=12. Done.", None)),
+    # an unclosed box (cut off at the token cap) is no answer; its tail goes and its number is masked
+    (r"It is 3 \boxed{3", False, ("", f"It is {M}", None)),
+    # no box: the last number is the answer the draft states, masked (a fallback; answer stays None)
+    ("I got 4 apples.", False, ("", f"I got {M} apples.", None)),
+    # no box, no number: nothing to mask
+    ("I do not know.", False, ("", "I do not know.", None)),
+    # "The final answer is …" sentence removed, the rest kept; the number after the last = is masked
+    ("Add them: 5+7=12. The final answer is 12. Done.", False, ("", f"Add them: 5+7={M}. Done.", None)),
     # "Final Answer: 12" line removed
     ("Add them.\nFinal Answer: 12\nCheck: ok.", False, ("", "Add them.\nCheck: ok.", None)),
     # a "**Final Answer**" heading and the box under it both go
@@ -104,6 +106,42 @@ SPLIT = [
     # an empty box masks nothing
     (r"Nothing here \boxed{}", False, ("", "Nothing here", "")),
 ]
+
+
+# Unboxed and truncated drafts in the style SmolLM2-135M writes on the synthetic problems:
+# about a fifth of its drafts have no complete box. With nothing extracted, nothing used to
+# be masked, and a challenger that copied the stated number earned the conversion bonus.
+UNBOXED = [
+    # (draft, summary the challenger reads)
+    # cut off at the token cap inside the box: the tail goes, the equation's result is masked
+    ("Tom has 8 marbles and gives away 3, so he has 8 - 3 = 5 marbles left.\n\\boxed{5",
+     f"Tom has 8 marbles and gives away 3, so he has 8 - 3 = {M} marbles left."),
+    # cut off right after the box opened: the number after the last = is still the answer
+    ("Mia starts with 6 apples and buys 4 more: 6 + 4 = 10. \\boxed{", f"Mia starts with 6 apples and buys 4 more: 6 + 4 = {M}."),
+    # no box at all, answer stated in prose after the last =
+    ("Sam had 9 pens. He lost 2. 9 - 2 = 7. Sam has 7 pens now.", f"Sam had 9 pens. He lost 2. 9 - 2 = {M}. Sam has {M} pens now."),
+    # no =: the last number is the stated answer
+    ("Lily has 4 cats and 3 dogs, that is 7 pets", f"Lily has 4 cats and 3 dogs, that is {M} pets"),
+    # a number after the last = that is glued to a word stays (whole tokens only)
+    ("So 5 + 5 = 10 and 10apples.", f"So 5 + 5 = {M} and 10apples."),
+    # a negative result after the last =
+    ("2 - 5 = -3, below zero", f"2 - 5 = {M}, below zero"),
+    # a complete box earlier and an unclosed one later: the box's answer is masked, the tail dropped
+    ("First 2 + 2 = \\boxed{4}. Wait, 2 + 3 = \\boxed{5", f"First 2 + 2 = . Wait, 2 + 3 ="),
+]
+
+
+@pytest.mark.parametrize("draft,summary", UNBOXED)
+def test_unboxed_drafts_do_not_leak(draft, summary):
+    think, got, answer = split_completion(draft, thinking=False)
+    assert answer == last_boxed(draft)  # grading still needs a complete box
+    assert got == summary
+
+
+def test_unclosed_box_after_think_is_stripped():
+    # a thinking model that closed </think> and was cut off inside its box
+    text = "<think>6*7 is 42</think>So 6 * 7 = 42, the answer is \\boxed{42"
+    assert split_completion(text, thinking=True) == ("6*7 is 42", f"So 6 * 7 = {M}, the answer is", None)
 
 
 @pytest.mark.parametrize("text,thinking,expected", SPLIT)
@@ -203,8 +241,8 @@ def test_code_split_table(text, thinking, expected):
         # None is an empty completion
         (None, True, ("", "", None)),
         (None, False, ("", "", None)),
-        # a number is read as its text
-        (123, False, ("", "123", None)),
+        # a number is read as its text (and, unboxed, masked as the answer it states)
+        (123, False, ("", M, None)),
         # a number with thinking=True has no </think>: a format failure
         (123, True, ("123", "", None)),
     ],

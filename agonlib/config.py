@@ -31,6 +31,10 @@ CELLS_FILE = REPO_ROOT / "experiments" / "cells.yaml"
 RUNS_DIR = REPO_ROOT / "experiments" / "runs"
 
 
+#: Evaluation systems (agonlib.evaluation): the base, each adapter, both cascades, untrained MoA, a GRPO adapter.
+EVAL_SYSTEMS = ("base", "A", "B", "cascade_AB", "cascade_BA", "moa", "grpo")
+
+
 class ConfigError(ValueError):
     """A config problem, stated so that a person can fix it."""
 
@@ -83,7 +87,11 @@ class Config:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 128
+    # The challenger's own cap (training, and the cascade's second stage); None: max_new_tokens. Challenges
+    # read a summary and restate more than drafts: a truncated answer has no box and scores 0.
+    challenger_max_new_tokens: int | None = None
     max_prompt_tokens: int = 768
+    stop_at_answer: bool = True  # math: a completion ends at its first complete \boxed{} (agonlib.rollouts)
 
     # --- GRPO ----------------------------------------------------------------
     num_generations: int = 4  # N: drafts per problem
@@ -114,12 +122,15 @@ class Config:
 
     # --- schedule, evaluation, logging --------------------------------------
     checkpoint_every: int = 10
-    eval_every: int = 10
-    eval_problems: int = 50
+    eval_every: int = 10  # periodic evaluation during training (eval.jsonl); 0: off
+    eval_problems: int = 50  # the periodic evaluation's slice of the held-out split
+    eval_systems: list = field(default_factory=lambda: ["A", "B", "cascade_AB", "cascade_BA"])  # periodic
+    final_eval_problems: int | None = None  # the final evaluation; None: the whole held-out split
     eval_samples: int = 1  # samples per problem for pass@1
     pass_k: list = field(default_factory=lambda: [1])
     moa_k: int = 3
     log_rollouts_every: int = 5
+    gate_problems: int = 50  # the gate (python -m agonlib gate): held-out problems x num_generations drafts
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -143,7 +154,7 @@ class Config:
                 raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}.")
         positive = ("steps", "num_generations", "problems_per_step", "max_new_tokens",
                     "micro_batch_size", "num_iterations", "lora_r", "checkpoint_every",
-                    "eval_every", "eval_samples", "moa_k", "log_rollouts_every")
+                    "eval_samples", "moa_k", "log_rollouts_every", "gate_problems")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}.")
@@ -166,6 +177,14 @@ class Config:
             raise ConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}.")
         if not 0 < self.vllm_gpu_memory_utilization < 1:
             raise ConfigError(f"vllm_gpu_memory_utilization must be in (0, 1), got {self.vllm_gpu_memory_utilization}.")
+        if self.eval_every < 0:
+            raise ConfigError(f"eval_every must be >= 0 (0 turns the periodic evaluation off), got {self.eval_every}.")
+        for key in ("challenger_max_new_tokens", "final_eval_problems"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be at least 1 (or null for the default), got {getattr(self, key)}.")
+        unknown = [s for s in self.eval_systems if s not in EVAL_SYSTEMS]
+        if unknown:
+            raise ConfigError(f"eval_systems {unknown} are not systems; choose from {', '.join(EVAL_SYSTEMS)}.")
         if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
             raise ConfigError(f"micro_batch_tokens must be at least 1 (or null: no token cap), got {self.micro_batch_tokens}.")
         if self.max_prompt_tokens < 16:
@@ -205,6 +224,11 @@ class Config:
     @property
     def run_dir(self) -> Path:
         return Path(self.out_dir) if self.out_dir else RUNS_DIR / self.profile / self.run_name
+
+    @property
+    def challenger_tokens(self) -> int:
+        """The challenger's token cap (training, and the second stage of a cascade)."""
+        return self.challenger_max_new_tokens or self.max_new_tokens
 
     @property
     def generations_per_problem(self) -> int:

@@ -180,7 +180,8 @@ def play_round(policies, problems: list[dict], step: int, config=None, *, progre
     rnd.challenges = gen(
         challenge_text, challenger,
         [sample_seed(config.seed, step, problem_offset + i // G, i % G, "challenge") for i in range(len(drafts))],
-        desc=f"step {step}: challenges ({challenger})", stats=rnd_stats[1], **sampling,
+        desc=f"step {step}: challenges ({challenger})", stats=rnd_stats[1],
+        **{**sampling, "params": SamplingParams.from_config(config, role="challenger")},
     )
     start = time.perf_counter()
     rnd.c_challenge = grade(rnd.challenges, paired, config)

@@ -7,11 +7,19 @@ them once and decodes with a KV cache. Every completion has its own
 share its batch's random stream, and a resumed run replays the same draws.
 
 Sampling follows ``transformers``' order of warpers: temperature, then top-k,
-then top-p (nucleus), then one multinomial draw.
+then top-p (nucleus), then one multinomial draw; temperature 0 is greedy.
+
+Stop at the answer (``stop_at_answer``, math tasks): a completion ends at the
+token that closes its first complete ``\\boxed{…}`` (with thinking: the first
+complete box after ``</think>``), as if that token were a stop token. What
+follows a finished answer is never graded, and on a small model it is mostly
+a runaway tail that only costs tokens. The decode loops stop such a row early;
+:func:`complete` trims every engine's output by the same rule.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -20,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from .parsing import split_completion
+from .parsing import final_text, last_boxed, split_completion
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +41,14 @@ class SamplingParams:
     max_new_tokens: int = 128
 
     @classmethod
-    def from_config(cls, config) -> "SamplingParams":
-        return cls(config.temperature, config.top_p, config.top_k, config.max_new_tokens)
+    def from_config(cls, config, role: str = "drafter") -> "SamplingParams":
+        """The config's sampling settings; ``role="challenger"`` takes the challenger's token cap."""
+        cap = config.challenger_tokens if role == "challenger" else config.max_new_tokens
+        return cls(config.temperature, config.top_p, config.top_k, cap)
+
+    def greedy(self) -> "SamplingParams":
+        """The same settings at temperature 0 (argmax decoding)."""
+        return SamplingParams(0.0, self.top_p, self.top_k, self.max_new_tokens)
 
 
 @dataclass
@@ -66,6 +80,72 @@ def sample_seed(seed: int, step: int, problem: int, sample: int, role: str = "")
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
+def has_answer(text: str, thinking: bool) -> bool:
+    """Whether ``text`` already holds a complete answer: a closed box (after ``</think>`` when thinking)."""
+    final = final_text(text, thinking)
+    return final is not None and last_boxed(final) is not None
+
+
+class AnswerStop:
+    """Finds the token that completes a completion's first answer box (see the module docstring).
+
+    Only a token whose text holds ``}`` can close a box, so the loops decode a
+    row's tokens only when it draws one of those (``closing``).
+    """
+
+    def __init__(self, tokenizer, thinking: bool, device=None):
+        self.tokenizer, self.thinking = tokenizer, thinking
+        self.closing = _closing_tokens(tokenizer).to(device)  # (V,)
+
+    def reached(self, ids: list[int]) -> bool:
+        return has_answer(self.tokenizer.decode(ids, skip_special_tokens=True), self.thinking)
+
+    def finished_rows(self, rows: torch.Tensor, token: torch.Tensor, tokens: torch.Tensor, t: int) -> torch.Tensor:
+        """Of the completions ``rows`` that drew ``token`` at step ``t``, those whose answer is now complete."""
+        maybe = self.closing[token.clamp(max=len(self.closing) - 1)]  # (b,)
+        done = torch.zeros_like(maybe)
+        for k in maybe.nonzero().squeeze(1).tolist():
+            done[k] = self.reached(tokens[rows[k], : t + 1].tolist())
+        return done
+
+    def end(self, ids: list[int]) -> int | None:
+        """The length of the shortest prefix of ``ids`` that holds a complete answer, or ``None``.
+
+        Binary search: once a prefix holds a closed box, every longer one does.
+        """
+        if not self.reached(ids):
+            return None
+        lo, hi = 1, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.reached(ids[:mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
+@functools.lru_cache(maxsize=4)
+def _closing_tokens(tokenizer) -> torch.Tensor:
+    """``(V,)`` bool: the tokens whose text holds a ``}`` (one pass over the vocabulary per tokenizer)."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return torch.tensor([piece is not None and "}" in piece for piece in pieces], dtype=torch.bool)
+
+
+def complete(drawn: list[int], stop_ids, answer_stop: AnswerStop | None = None) -> tuple[list[int], bool]:
+    """``(completion, truncated)``: ``drawn`` up to and including its first stop token or answer end.
+
+    A completion with neither is truncated (it ran into ``max_new_tokens``).
+    """
+    stop_set = set(stop_ids)
+    end = next((j + 1 for j, t in enumerate(drawn) if t in stop_set), None)
+    if answer_stop is not None:
+        answered = answer_stop.end(drawn[:end] if end else drawn)
+        if answered is not None and (end is None or answered < end):
+            end = answered
+    return (drawn[:end], False) if end else (list(drawn), True)
+
+
 def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, top-k, top-p on ``(B, V)`` float logits; removed tokens get -inf."""
     logits = logits / params.temperature
@@ -90,8 +170,10 @@ def draw(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Ge
     (which would draw ``V`` exponentials per row: 1.3 ms each at ``V = 49k``
     on this CPU). Tokens removed by top-k/top-p have zero mass and are never
     drawn: the search lands on the first index whose cumulative mass exceeds
-    the uniform.
+    the uniform. Temperature 0 is greedy (the first most likely token).
     """
+    if params.temperature == 0:
+        return logits.argmax(-1)
     probs = warp_logits(logits.float(), params).softmax(-1)  # (B, V)
     cdf = probs.double().cumsum(-1)  # (B, V)
     u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=logits.device) for g in generators])  # (B,)
@@ -99,9 +181,22 @@ def draw(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Ge
     return token.clamp_(max=logits.shape[-1] - 1)
 
 
+def select_cache_rows(cache, rows: torch.Tensor):
+    """Keep ``rows`` of a KV cache (in that order): a ``transformers`` ``Cache``, or the legacy tuple of
+    per-layer ``(key, value)`` that Unsloth's patched Llama/Qwen3 forward returns outside its own
+    ``generate()`` (``(b, heads, T, d)`` tensors). Returns the cache to use from now on."""
+    if cache is None:
+        return None
+    if hasattr(cache, "reorder_cache"):
+        cache.reorder_cache(rows)
+        return cache
+    return tuple(tuple(t.index_select(0, rows) for t in layer) for layer in cache)
+
+
 @torch.no_grad()
 def sample_batch(model, input_ids, attention_mask, seeds, params: SamplingParams,
-                 stop_ids: list[int], pad_id: int, rows=None, desc: str = "", progress: bool = False):
+                 stop_ids: list[int], pad_id: int, rows=None, desc: str = "", progress: bool = False,
+                 answer_stop: AnswerStop | None = None):
     """Decode completions of a left-padded batch of ``U`` prompts; returns ``(B, T_new)`` ids.
 
     ``rows[i]`` is the prompt row of completion ``i`` (default: ``i``): a prompt
@@ -118,9 +213,7 @@ def sample_batch(model, input_ids, attention_mask, seeds, params: SamplingParams
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (U, T_prompt)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                 use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
-    if cache is not None:
-        cache.reorder_cache(rows)  # (U, ...) -> (B, ...)
+    cache = select_cache_rows(out.past_key_values, rows)  # (U, ...) -> (B, ...)
     logits = out.logits[rows, -1, :]  # (B, V)
     attention_mask, position = attention_mask[rows], position_ids[rows, -1:]  # (B, T_prompt), (B, 1)
     tokens = torch.full((B, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -131,13 +224,14 @@ def sample_batch(model, input_ids, attention_mask, seeds, params: SamplingParams
         tokens[live, t] = token
         steps = t + 1
         done = torch.isin(token, stops)
+        if answer_stop is not None:
+            done |= answer_stop.finished_rows(live, token, tokens, t)
         if done.all() or t + 1 == params.max_new_tokens:
             break
         if done.any():  # drop finished rows from the batch and the cache
             keep = (~done).nonzero().squeeze(1)
             live, token, attention_mask, position = live[keep], token[keep], attention_mask[keep], position[keep]
-            if cache is not None:
-                cache.reorder_cache(keep)
+            cache = select_cache_rows(cache, keep)
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(live), 1)], dim=1)
         position = position + 1  # (b, 1)
         out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position,
@@ -175,7 +269,7 @@ def prefill(decoder, input_ids, attention_mask, max_new_tokens: int, prefix: "Sh
 @torch.no_grad()
 def sample_fast(decoder, input_ids, attention_mask, seeds, params: SamplingParams,
                 stop_ids: list[int], pad_id: int, rows=None, desc: str = "", progress: bool = False,
-                prefix: "SharedPrefix | None" = None):
+                prefix: "SharedPrefix | None" = None, answer_stop: AnswerStop | None = None):
     """:func:`sample_batch` on an :class:`agonlib.decode.FastDecoder`: same arguments, same draws.
 
     With ``prefix`` (see :func:`share_prefixes`), ``input_ids``/``attention_mask``
@@ -208,6 +302,8 @@ def sample_fast(decoder, input_ids, attention_mask, seeds, params: SamplingParam
         tokens[live[idx], t] = token
         steps = t + 1
         running[idx[torch.isin(token, stops)]] = False
+        if answer_stop is not None:
+            running[idx[answer_stop.finished_rows(live[idx], token, tokens, t)]] = False
         if not running.any() or t + 1 == params.max_new_tokens:
             break
         next_ids = torch.full((len(live), 1), pad_id, dtype=torch.long, device=device)
@@ -326,14 +422,56 @@ def fast_decoder(policies, adapter: str | None):
     return decode.FastDecoder(policies.model, adapter)
 
 
+def answer_stop_for(policies, thinking: bool, task: str, stop_at_answer: bool | None = None) -> AnswerStop | None:
+    """The :class:`AnswerStop` for a generate call, or ``None`` where answers do not stop generation."""
+    wanted = getattr(policies.config, "stop_at_answer", True) if stop_at_answer is None else stop_at_answer
+    if not wanted or task != "math":
+        return None
+    return AnswerStop(policies.tokenizer, thinking, policies.device)
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of KV cache one token takes: layers × (key + value) × kv heads × head dim × dtype size."""
+    cfg = getattr(model.get_base_model() if hasattr(model, "get_base_model") else model, "config")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    size = next(model.parameters()).element_size()
+    return cfg.num_hidden_layers * 2 * kv_heads * head_dim * size
+
+
+#: Share of the free GPU memory a rollout batch's KV cache may take (activations and logits need the rest).
+KV_MEMORY_SHARE = 0.5
+
+
+def rows_that_fit(policies, sequence_length: int, requested: int) -> int:
+    """Rollouts per batch whose KV cache fits the free GPU memory (``requested`` on a CPU).
+
+    Both decode loops hold a KV cache for every row of a batch up to
+    ``sequence_length`` (prompt plus ``max_new_tokens``): 32 rows of 5k tokens
+    of Qwen3-0.6B are 17.5 GiB, more than a T4 has. On CUDA the batch is cut
+    to what ``KV_MEMORY_SHARE`` of the free memory holds (at least one row).
+    """
+    if policies.device.type != "cuda":
+        return requested
+    free, _ = torch.cuda.mem_get_info(policies.device)
+    per_row = kv_bytes_per_token(policies.model) * sequence_length
+    fit = max(1, int(free * KV_MEMORY_SHARE // per_row))
+    if fit < requested:
+        log.info("Rollout batches of %d rows (not %d): the KV cache of %d tokens a row must fit %.1f GiB free.",
+                 fit, requested, sequence_length, free / 2**30)
+    return min(requested, fit)
+
+
 def generate(policies, prompts: list[str], adapter: str | None, seeds: list[int],
              params: SamplingParams | None = None, *, batch_size: int = 64, thinking: bool | None = None,
-             task: str | None = None, max_prompt_tokens: int | None = None, desc: str = "",
-             progress: bool = True, stats: GenerationStats | None = None) -> list[Rollout]:
+             task: str | None = None, max_prompt_tokens: int | None = None, stop_at_answer: bool | None = None,
+             desc: str = "", progress: bool = True, stats: GenerationStats | None = None) -> list[Rollout]:
     """One completion per (prompt, seed) under ``adapter`` (``None`` = the frozen base).
 
     ``prompts`` are rendered chat prompts (see :func:`agonlib.prompts.render`);
-    repeat a prompt with different seeds for ``N`` generations.
+    repeat a prompt with different seeds for ``N`` generations. ``stop_at_answer``
+    (default: the config's, math tasks only) ends a completion at its first
+    complete answer box (module docstring).
     """
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds: give one seed per completion.")
@@ -342,6 +480,8 @@ def generate(policies, prompts: list[str], adapter: str | None, seeds: list[int]
     thinking = config.thinking if thinking is None else thinking
     task = task or config.task
     max_prompt_tokens = max_prompt_tokens or config.max_prompt_tokens
+    answer_stop = answer_stop_for(policies, thinking, task, stop_at_answer)
+    batch_size = rows_that_fit(policies, max_prompt_tokens + params.max_new_tokens, batch_size)
     start = time.perf_counter()
     decoder = fast_decoder(policies, adapter)
     rollouts: list[Rollout] = []
@@ -354,21 +494,19 @@ def generate(policies, prompts: list[str], adapter: str | None, seeds: list[int]
         if decoder is not None:
             enc, prefix = prompt_layout(ids, tok.pad_token_id, policies.device)
             new = sample_fast(decoder, enc["input_ids"], enc["attention_mask"], chunk_seeds, params,
-                              policies.stop_token_ids, tok.pad_token_id, rows=rows, prefix=prefix)
+                              policies.stop_token_ids, tok.pad_token_id, rows=rows, prefix=prefix,
+                              answer_stop=answer_stop)
         else:
             enc = _left_padded(ids, max_prompt_tokens, tok.pad_token_id, policies.device)
             with policies.use(adapter):
                 new = sample_batch(policies.model, enc["input_ids"], enc["attention_mask"], chunk_seeds, params,
-                                   policies.stop_token_ids, tok.pad_token_id, rows=rows)
-        stop_set = set(policies.stop_token_ids)
+                                   policies.stop_token_ids, tok.pad_token_id, rows=rows, answer_stop=answer_stop)
         for i, (prompt, seed) in enumerate(zip(chunk, chunk_seeds)):
-            drawn = new[i].tolist()
-            end = next((j + 1 for j, t in enumerate(drawn) if t in stop_set), None)
-            completion = drawn[:end] if end else drawn
+            completion, truncated = complete(new[i].tolist(), policies.stop_token_ids, answer_stop)
             text = tok.decode(completion, skip_special_tokens=True)
             parts = split_completion(text, thinking=thinking, task=task)
             rollouts.append(Rollout(prompt, ids[rows[i]], completion, text, parts.think, parts.summary,
-                                    parts.answer, len(completion), end is None, int(seed)))
+                                    parts.answer, len(completion), truncated, int(seed)))
             if stats is not None:
                 stats.tokens += len(completion)
         if stats is not None:

@@ -15,7 +15,7 @@ import torch
 
 from agonlib import decode
 from agonlib.prompts import draft_prompt, render
-from agonlib.rollouts import GenerationStats, SamplingParams, generate, sample_seed, warp_logits
+from agonlib.rollouts import GenerationStats, SamplingParams, draw, generate, sample_seed, warp_logits
 
 QUESTIONS = [
     "What is 2+2?",
@@ -257,7 +257,7 @@ def test_scripted_rollouts(smoke_policies):
     prompts = [render(tok, draft_prompt(q)) for q in questions]
     stats = GenerationStats()
     r0, r1, r2 = generate(policies, prompts, "A", [1, 2, 3], SamplingParams(max_new_tokens=limit),
-                          thinking=True, progress=False, stats=stats)
+                          thinking=True, stop_at_answer=False, progress=False, stats=stats)
 
     assert r0.completion_ids == scripts[0] and r0.length == len(scripts[0]) and not r0.truncated
     assert r0.text == answered  # <|im_end|> skipped in the text; <think> tags kept (not special)
@@ -277,6 +277,93 @@ def test_scripted_rollouts(smoke_policies):
         assert prefill[row, -n:].tolist() == list(range(n))
     for step, (rows, pos) in enumerate(model.calls[1:], start=1):  # (b, 1) each
         assert pos[:, 0].tolist() == [lengths[row] - 1 + step for row in rows.tolist()]
+
+
+class TupleCacheModel(ScriptedModel):
+    """Returns the legacy tuple-of-(key, value) cache, as Unsloth's patched Llama/Qwen3 forward does."""
+
+    def __call__(self, input_ids, attention_mask, position_ids, use_cache=True, past_key_values=None,
+                 logits_to_keep=None):
+        if past_key_values is None:  # prefill: one "layer" whose key holds each row's prompt row
+            rows = torch.arange(input_ids.shape[0]).float()
+            past_key_values = ((rows[:, None, None, None], rows[:, None, None, None]),)
+        self.calls.append((past_key_values[0][0][:, 0, 0, 0].long().clone(), position_ids.clone()))
+        logits = torch.full((input_ids.shape[0], 1, self.vocab_size), float("-inf"))  # (b, 1, V)
+        for i, row in enumerate(self.calls[-1][0].tolist()):
+            script = self.scripts[row]
+            logits[i, 0, script[self.step] if self.step < len(script) else self.filler] = 0.0
+        self.step += 1
+        return SimpleNamespace(logits=logits, past_key_values=past_key_values)
+
+
+def _scripted_policies(model, tok, config, stop):
+    return SimpleNamespace(model=model, tokenizer=tok, config=config, device=torch.device("cpu"),
+                           stop_token_ids=[stop], use=lambda name: contextlib.nullcontext())
+
+
+@pytest.mark.parametrize("model_cls", [ScriptedModel, TupleCacheModel])
+def test_stop_at_answer_and_both_cache_kinds(smoke_policies, model_cls):
+    tok = smoke_policies.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    filler = tok.convert_tokens_to_ids("x")
+    boxed = tok("So 2+2=4. \\boxed{4}", add_special_tokens=False)["input_ids"]
+    scripts = [
+        # answers, then rambles on: ends at the token that closes the box, not truncated
+        boxed + tok(" and more words", add_special_tokens=False)["input_ids"] * 4,
+        # stops before any box: the stop token ends it as usual
+        [filler, filler, im_end],
+        # a box that never closes runs into the cap: truncated
+        tok("\\boxed{4", add_special_tokens=False)["input_ids"] + [filler] * 40,
+        # finishes first: the row leaves the batch while the others run (cache rows selected)
+        [im_end],
+    ]
+    model = model_cls(scripts, len(tok), filler)
+    policies = _scripted_policies(model, tok, smoke_policies.config, im_end)
+    prompts = [render(tok, draft_prompt(q)) for q in ("a", "bb", "ccc", "dddd")]
+    limit = 16
+    r0, r1, r2, r3 = generate(policies, prompts, "A", [1, 2, 3, 4], SamplingParams(max_new_tokens=limit),
+                              thinking=False, stop_at_answer=True, progress=False)
+    assert r0.completion_ids == boxed and not r0.truncated and r0.answer == "4"
+    assert r1.completion_ids == [filler, filler, im_end] and not r1.truncated
+    assert r2.truncated and r2.length == limit and r2.answer is None
+    assert r3.completion_ids == [im_end]
+    # every decode step fed each running row its own prompt row's cache: row 3 left after step 1
+    assert model.calls[1][0].tolist() == [0, 1, 2]
+    # the loop stopped decoding once row 0 answered (it did not run to the cap on its behalf)
+    assert all(0 not in rows.tolist() for rows, _ in model.calls[len(boxed) + 1:])
+
+
+def test_stop_at_answer_waits_for_think_to_close(smoke_policies):
+    from agonlib.rollouts import AnswerStop
+
+    stop = AnswerStop(smoke_policies.tokenizer, thinking=True)
+    ids = smoke_policies.tokenizer("<think>maybe \\boxed{3}</think>It is \\boxed{4} ok", add_special_tokens=False)["input_ids"]
+    end = stop.end(ids)
+    assert end is not None
+    assert smoke_policies.tokenizer.decode(ids[:end]).endswith("\\boxed{4}")  # not the box inside <think>
+
+
+def test_rollout_batches_fit_free_gpu_memory(smoke_policies, monkeypatch):
+    from agonlib import rollouts
+
+    per_token = rollouts.kv_bytes_per_token(smoke_policies.model)
+    cfg = smoke_policies.model.get_base_model().config
+    assert per_token == cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4  # fp32
+    fake = SimpleNamespace(device=torch.device("cuda"), model=smoke_policies.model)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (per_token * 1000 * 10, 0))
+    # 10 rows of 1000 tokens fit the free memory; half of it may hold the KV cache
+    assert rollouts.rows_that_fit(fake, 1000, 64) == 5
+    assert rollouts.rows_that_fit(fake, 1000, 3) == 3
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1, 0))
+    assert rollouts.rows_that_fit(fake, 1000, 64) == 1  # never zero rows
+    # on a CPU the request stands
+    assert rollouts.rows_that_fit(SimpleNamespace(device=torch.device("cpu")), 10**9, 64) == 64
+
+
+def test_temperature_zero_is_greedy():
+    logits = torch.tensor([[0.1, 2.0, 1.0], [3.0, 0.0, 3.0]])
+    gens = [torch.Generator().manual_seed(0) for _ in range(2)]
+    assert draw(logits, SamplingParams(temperature=0.0), gens).tolist() == [1, 0]
 
 
 # --- warp_logits ------------------------------------------------------------------------------

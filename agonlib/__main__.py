@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p_eval = sub.add_parser("eval", help="evaluate a run directory, or a profile's untrained policies")
     p_eval.add_argument("target", help="a run directory, a profile name or a YAML path")
     p_eval.add_argument("--systems", nargs="*", help="base A B cascade_AB cascade_BA moa grpo")
-    p_eval.add_argument("--problems", type=int, default=None, help="held-out problems (default: eval_problems)")
+    p_eval.add_argument("--problems", type=int, default=None, help="held-out problems (default: final_eval_problems, else the whole held-out split)")
     p_eval.add_argument("--samples", type=int, default=None, help="samples per problem (default: eval_samples)")
     p_eval.add_argument("--cell", default=None)
     p_eval.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")

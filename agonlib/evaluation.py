@@ -13,7 +13,15 @@ Systems, each on the same problems and the same sampling settings:
 
 The cascade always uses the challenge prompt (exchange), framed by the run's
 ``reward`` (rival or teammate) — also for a run trained without exchange, whose
-challenger never saw that prompt in training.
+challenger never saw that prompt in training. Its second stage has the
+challenger's token cap (``challenger_max_new_tokens``).
+
+Pairing (DESIGN.md §8): every system draws a problem's sample from the same
+seed (the system's name is not part of it), so ``base`` and an untrained ``A``
+give the same completion; the cascade ``A→B`` reuses ``A``'s own sample as its
+first stage. Each pass@1 carries a Wilson 95% interval, paired comparisons
+(cascade vs its first adapter, adapters vs base) the per-item transitions and
+an exact McNemar p-value; ``A_B_disagreement`` is measured on greedy answers.
 
 pass@1 is the mean correctness over ``n`` samples per problem; pass@k is the
 unbiased estimator ``1 − C(n−c, k) / C(n, k)``. "Final-stage length" is the
@@ -64,45 +72,128 @@ def _render(policies, config, messages):
     return prompts.render(policies.tokenizer, messages, config.thinking)
 
 
+# --- intervals and paired tests (DESIGN.md §8) ---------------------------------------------
+
+#: t_{0.975, df} for df = 1..30 (two-sided 95%); beyond 30 the normal 1.96 is within 4%.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson 95% interval of a proportion: honest at small ``n`` and near 0 or 1.
+
+    >>> [round(v, 3) for v in wilson(3, 20)]
+    [0.052, 0.36]
+    """
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def mean_interval(values) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the mean over seeds with a 95% t-interval (NaN bounds for one seed).
+
+    >>> [round(v, 3) for v in mean_interval([0.2, 0.3, 0.4])]
+    [0.3, 0.052, 0.548]
+    """
+    values = [float(v) for v in values if v is not None and v == v]
+    if not values:
+        return (float("nan"),) * 3
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return (mean, float("nan"), float("nan"))
+    t = _T975[len(values) - 2] if len(values) - 1 <= len(_T975) else 1.96
+    half = t * statistics.stdev(values) / math.sqrt(len(values))
+    return (mean, mean - half, mean + half)
+
+
+def mcnemar_exact(fixed: int, broken: int) -> float:
+    """Two-sided exact McNemar p-value: a binomial test of the discordant pairs against 1/2.
+
+    >>> round(mcnemar_exact(7, 0), 4), mcnemar_exact(3, 3)
+    (0.0156, 1.0)
+    """
+    n, k = fixed + broken, min(fixed, broken)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired(first: list, second: list) -> dict:
+    """Per-item transitions from ``first`` to ``second`` (0/1 lists over the same items and seeds).
+
+    ``fixed``: wrong in ``first``, right in ``second``; ``broken``: the reverse; with the exact
+    McNemar p-value of the difference.
+    """
+    if len(first) != len(second):
+        raise ValueError(f"paired comparison needs the same items: {len(first)} vs {len(second)}.")
+    fixed = sum(1 for a, b in zip(first, second) if not a and b)
+    broken = sum(1 for a, b in zip(first, second) if a and not b)
+    return {"n": len(first), "fixed": fixed, "broken": broken, "p_value": mcnemar_exact(fixed, broken)}
+
+
+# --- systems ------------------------------------------------------------------------------------
+
+def _seeds(seed: int, n_problems: int, samples: int, stage: str) -> list[int]:
+    """One seed per (problem, sample) of an evaluation stage. The system's name is not part of it, so
+    every system draws its ``solve`` sample of a problem from the same seed (paired comparisons)."""
+    return [sample_seed(seed, -1, i // samples, i % samples, f"eval/{stage}") for i in range(n_problems * samples)]
+
+
 def run_system(policies, problems: list[dict], system: str, config, *, samples: int = 1, seed: int = 0,
-               progress: bool = False, backend=None) -> dict:
+               progress: bool = False, backend=None, solo: dict | None = None) -> dict:
     """One system on ``problems`` with ``samples`` completions each; per-problem results.
 
-    ``backend`` samples the completions (``agonlib.backends``; default: the transformers path).
+    ``backend`` samples the completions (``agonlib.backends``; default: the
+    transformers path). ``solo`` caches each adapter's own one-stage samples
+    (``{adapter: rollouts}``): the first stage of the cascade ``A→B`` *is*
+    ``A``'s sample of the same problem, so ``A`` and ``A→B`` are paired.
     """
     if system not in SYSTEMS:
         raise ValueError(f"Unknown system {system!r}; systems are {', '.join(SYSTEMS)}.")
     gen = backend.generate if backend is not None else functools.partial(generate, policies)
     task = config.task
+    solo = {} if solo is None else solo
     n_items = len(problems) * samples
-    paired = [problems[i // samples] for i in range(n_items)]
-    seeds = lambda stage: [sample_seed(seed, -1, i // samples, i % samples, f"eval/{system}/{stage}")  # noqa: E731
-                           for i in range(n_items)]
+    paired_problems = [problems[i // samples] for i in range(n_items)]
+    seeds = functools.partial(_seeds, seed, len(problems), samples)
     opts = dict(params=SamplingParams.from_config(config), thinking=config.thinking, task=task,
                 max_prompt_tokens=config.max_prompt_tokens, progress=progress)
-    draft_text = [_render(policies, config, prompts.draft_prompt(p["question"], task)) for p in paired]
+    draft_text = [_render(policies, config, prompts.draft_prompt(p["question"], task)) for p in paired_problems]
+
+    def single(adapter):
+        if adapter not in solo:
+            solo[adapter] = gen(draft_text, adapter, seeds("solve"), desc=f"eval {adapter or 'base'}", **opts)
+        return solo[adapter]
+
     spent = [0] * n_items
     if system in _ADAPTER:
-        final = gen(draft_text, _ADAPTER[system], seeds("solve"), desc=f"eval {system}", **opts)
+        final = single(_ADAPTER[system])
     elif system.startswith("cascade_"):
         first, second = system[-2], system[-1]
-        drafts = gen(draft_text, first, seeds("draft"), desc=f"eval {system} draft", **opts)
+        drafts = single(first)
         spent = [d.length for d in drafts]
         challenge_text = [_render(policies, config, prompts.challenge_prompt(p["question"], d.summary,
                                                                                config.reward, task))
-                          for p, d in zip(paired, drafts)]
-        final = gen(challenge_text, second, seeds("challenge"), desc=f"eval {system}", **opts)
-    else:  # moa: K base proposals, one base aggregator
+                          for p, d in zip(paired_problems, drafts)]
+        final = gen(challenge_text, second, seeds("second"), desc=f"eval {system}",
+                    **{**opts, "params": SamplingParams.from_config(config, role="challenger")})
+    else:  # moa: K base proposals (the first is the base's own sample), one base aggregator
         K = config.moa_k
-        proposals = [gen(draft_text, None, seeds(f"proposal{k}"), desc=f"eval moa {k + 1}/{K}",
-                              **opts) for k in range(K)]
+        proposals = [single(None)] + [gen(draft_text, None, seeds(f"proposal{k}"), desc=f"eval moa {k + 1}/{K}",
+                                          **opts) for k in range(1, K)]
         spent = [sum(p[i].length for p in proposals) for i in range(n_items)]
         # Each proposal's final text (its answer included), not its thinking: K traces would not fit.
         agg_text = [_render(policies, config, prompts.moa_prompt(
                         q["question"], [final_text(p[i].text, config.thinking) or "" for p in proposals], task))
-                    for i, q in enumerate(paired)]
+                    for i, q in enumerate(paired_problems)]
         final = gen(agg_text, None, seeds("aggregate"), desc="eval moa aggregate", **opts)
-    correct = grade(final, paired, config)
+    correct = grade(final, paired_problems, config)
     per_problem = [correct[p * samples : (p + 1) * samples] for p in range(len(problems))]
     return {
         "correct": per_problem,
@@ -113,9 +204,14 @@ def run_system(policies, problems: list[dict], system: str, config, *, samples: 
 
 
 def summarize(result: dict, pass_k=(1,)) -> dict:
-    """pass@1, pass@k, lengths and token spend of one system's per-problem results."""
+    """pass@1 with its Wilson 95% interval, pass@k, lengths and token spend of one system's results.
+
+    The interval counts every (problem, sample) item as a trial: exact for one sample per problem.
+    """
     n = len(result["correct"][0]) if result["correct"] else 0
+    items = [c for per_problem in result["correct"] for c in per_problem]
     out = {"pass@1": statistics.fmean(statistics.fmean(c) for c in result["correct"]) if n else float("nan")}
+    out["pass@1_ci"] = list(wilson(sum(items), len(items)))
     for k in pass_k:
         if 1 < k <= n:
             out[f"pass@{k}"] = statistics.fmean(pass_at_k(n, sum(c), k) for c in result["correct"])
@@ -126,6 +222,7 @@ def summarize(result: dict, pass_k=(1,)) -> dict:
         "tokens_per_problem": sum(result["total_tokens"]) / max(1, len(result["correct"])),
         "n_problems": len(result["correct"]),
         "n_samples": n,
+        "correct": items,  # per (problem, sample), in order: what paired comparisons read
     })
     return out
 
@@ -136,18 +233,42 @@ def disagreement(answers_a: list, answers_b: list) -> float:
     return statistics.fmean(a != b for a, b in pairs) if pairs else float("nan")
 
 
+#: Paired comparisons made whenever both systems are evaluated: (second, first) — does the second fix the first?
+COMPARISONS = (("cascade_AB", "A"), ("cascade_BA", "B"), ("A", "base"), ("B", "base"), ("grpo", "base"))
+
+
+def greedy_disagreement(policies, problems: list[dict], config, backend=None) -> float:
+    """How often ``A`` and ``B`` give different answers when both decode greedily (no sampling noise)."""
+    gen = backend.generate if backend is not None else functools.partial(generate, policies)
+    text = [_render(policies, config, prompts.draft_prompt(p["question"], config.task)) for p in problems]
+    params = SamplingParams.from_config(config).greedy()
+    seeds = _seeds(config.seed, len(problems), 1, "greedy")  # unused by greedy decoding, required by the API
+    answers = {a: [r.answer for r in gen(text, a, seeds, params=params, thinking=config.thinking, task=config.task,
+                                          max_prompt_tokens=config.max_prompt_tokens, progress=False)]
+               for a in ("A", "B")}
+    return disagreement(answers["A"], answers["B"])
+
+
 def evaluate_policies(policies, problems: list[dict], config, systems=None, *, samples: int | None = None,
                       progress: bool = True, backend=None) -> dict:
-    """Every system on ``problems``; returns ``{system: summary}`` plus ``A_B_disagreement``."""
+    """Every system on ``problems``; returns ``{system: summary}``, ``comparisons`` and ``A_B_disagreement``.
+
+    Every system uses the same per-problem seeds and each cascade reuses its
+    first adapter's own samples, so ``comparisons`` are paired (exact McNemar).
+    ``A_B_disagreement`` is measured on greedy answers when both adapters are evaluated.
+    """
     systems = tuple(systems or default_systems(config))
     samples = samples or config.eval_samples
+    solo: dict = {}
     raw = {s: run_system(policies, problems, s, config, samples=samples, seed=config.seed, progress=progress,
-                         backend=backend) for s in systems}
+                         backend=backend, solo=solo) for s in systems}
     out = {s: summarize(r, config.pass_k) for s, r in raw.items()}
     for s, r in raw.items():
         out[s]["final_len_distribution"] = r["final_lens"]
+    out["comparisons"] = {f"{second} vs {first}": paired(out[first]["correct"], out[second]["correct"])
+                          for second, first in COMPARISONS if first in out and second in out}
     if "A" in raw and "B" in raw:
-        out["A_B_disagreement"] = disagreement(raw["A"]["answers"], raw["B"]["answers"])
+        out["A_B_disagreement"] = greedy_disagreement(policies, problems, config, backend)
     return out
 
 
@@ -204,11 +325,12 @@ def evaluate(run_dir_or_config, systems=None, *, n_problems: int | None = None, 
             except RuntimeError as err:
                 raise RuntimeError(f"The adapters in {adapters} do not fit {config.model}: "
                                    f"{str(err).splitlines()[0]}") from None
-    problems = problems_for(config, "test")[: n_problems or config.eval_problems]
+    problems = problems_for(config, "test")[: n_problems or config.final_eval_problems or None]
     found = evaluate_policies(policies, problems, config, systems, samples=samples, progress=progress)
     path = run_dir / "final_eval.json"
     result = json.loads(path.read_text()) if path.exists() else {}
-    result.update({k: v for k, v in found.items() if k != "A_B_disagreement"})
+    result.update({k: v for k, v in found.items() if k not in ("A_B_disagreement", "comparisons")})
+    result["comparisons"] = {**result.get("comparisons", {}), **found["comparisons"]}
     result["meta"] = {"run": config.run_name, "profile": config.profile, "seed": config.seed,
                       "checkpoint": str(adapters.parent) if adapters else None,
                       "A_B_disagreement": found.get("A_B_disagreement", result.get("meta", {}).get("A_B_disagreement"))}

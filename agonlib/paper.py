@@ -60,13 +60,28 @@ def cell_of(run_name: str) -> str:
     return re.sub(r"-seed\d+$", "", str(run_name))
 
 
+def _interval(mine) -> tuple[float | None, float | None]:
+    """95% interval of our value: across seeds (t) with two or more, else the one run's Wilson interval."""
+    from .evaluation import mean_interval
+
+    if not len(mine):
+        return None, None
+    if len(mine) > 1:
+        _, low, high = mean_interval(mine["pass@1"])
+        return low, high
+    first = mine.iloc[0]
+    low, high = first.get("pass@1_lo"), first.get("pass@1_hi")
+    return (None if low != low else low), (None if high != high else high)
+
+
 def comparison(table):
     """The paper's table beside ours, one row per :data:`PAPER_ROWS` entry (a DataFrame).
 
     ``table`` is the results table (:func:`agonlib.results.collect`, one row per
     run and system). Columns: the paper's label and pass@1, our pass@1 (mean over
-    seeds) with the system it comes from, ``B→A`` for the cascades, the per-seed
-    values, the runs used and the number of held-out problems.
+    seeds) with its 95% interval (across seeds with several, else Wilson) and the
+    system it comes from, ``B→A`` for the cascades, the per-seed values, the runs
+    used and the number of held-out problems.
     """
     import pandas as pd
 
@@ -82,10 +97,13 @@ def comparison(table):
             mine = evaluated[(cells == row.cell) & (evaluated["system"] == row.system)]
         other = (evaluated[(cells == row.cell) & (evaluated["system"] == "cascade_BA")]
                  if row.system == "cascade_AB" else evaluated.iloc[0:0])
+        low, high = _interval(mine)
         rows.append({
             "run": row.label,
             "paper pass@1": row.paper_pass1,
             "ours pass@1": float(mine["pass@1"].mean()) if len(mine) else None,
+            "ours low": low,
+            "ours high": high,
             "ours system": row.system,
             "ours B→A": float(other["pass@1"].mean()) if len(other) else None,
             "per seed": [round(float(v), 4) for v in mine["pass@1"]],

@@ -230,6 +230,7 @@ def evaluate_runs(profile: str, *, runs=None, systems=None, out_dir: str | Path 
     run when there is one (they do not depend on training). ``runs`` limits the
     evaluation to some run names.
     """
+    from .data import problems_for
     from .evaluation import default_systems, evaluate, load_run_config
 
     dirs = [d for d in run_dirs(profile, out_dir) if runs is None or d.name in runs]
@@ -246,7 +247,7 @@ def evaluate_runs(profile: str, *, runs=None, systems=None, out_dir: str | Path 
         else:
             own = tuple(s for s in default_systems(config) if s not in UNTRAINED_SYSTEMS)
             wanted = own + (UNTRAINED_SYSTEMS if run_dir in baselines else ())
-        n = eval_problems or config.eval_problems
+        n = eval_problems or config.final_eval_problems or len(problems_for(config, "test"))
         path = run_dir / "final_eval.json"
         if not force and evaluation_done(run_dir, wanted, n):
             print(f"{run_dir.name}: already evaluated ({', '.join(wanted)}); skipped (force=True redoes it).",
@@ -301,13 +302,13 @@ def evaluation_table(results: dict):
 
 def collect_results(profile: str, out_dir: str | Path | None = None):
     """The results table of every run of a profile, written to ``<results>/<profile>.csv`` and ``.md``."""
-    from .results import collect, to_markdown
+    from .results import collect, report
 
     paths = output_paths(profile, out_dir)
     table = collect(profile, runs_dir=paths.runs, write=False)
     paths.results.mkdir(parents=True, exist_ok=True)
     table.to_csv(paths.results / f"{profile}.csv", index=False)
-    (paths.results / f"{profile}.md").write_text(to_markdown(table) + "\n")
+    (paths.results / f"{profile}.md").write_text(report(table, paths.runs) + "\n")
     print(f"Results table: {paths.results / f'{profile}.csv'} ({len(table)} rows).", flush=True)
     return table
 

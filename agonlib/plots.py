@@ -278,6 +278,11 @@ def final_pass1(results_csv: Path, profile: str, fig_dir: Path) -> FigureFile:
     colors = [CELL_COLORS.get(row.cell, OTHER_COLOR) for row in PAPER_ROWS]
     ours_h = [v if v is not None and v == v else 0.0 for v in ours]
     ax.bar([i + width / 2 for i in x], ours_h, width, color=colors)
+    for i, row in compare.iterrows():  # 95% intervals: across seeds, or Wilson for one seed
+        low, high = row.get("ours low"), row.get("ours high")
+        if low is not None and high is not None and low == low and high == high:
+            ax.errorbar(i + width / 2, ours_h[i], yerr=[[ours_h[i] - low], [high - ours_h[i]]], fmt="none",
+                        ecolor="black", capsize=3, linewidth=1)
     labelled_ba = False
     for i, row in compare.iterrows():
         if row["paper pass@1"] is not None and row["paper pass@1"] == row["paper pass@1"]:
@@ -306,7 +311,7 @@ def final_pass1(results_csv: Path, profile: str, fig_dir: Path) -> FigureFile:
     handles.append(Patch(facecolor="#555555", label=f"ours (profile {profile}), coloured by run"))
     ax.legend(handles=handles, loc="upper left")
     n_problems = compare["n_problems"].dropna()
-    sub = "ours: A→B cascade (◆ B→A), GRPO adapter, untrained MoA; mean over seeds" + (
+    sub = "ours: A→B cascade (◆ B→A), GRPO adapter, untrained MoA; mean over seeds, 95% interval" + (
         f"; {int(n_problems.max())} held-out problems" if len(n_problems) else "")
     ax.set_title(sub, fontsize=8)
     if table is not None and not len(compare["ours pass@1"].dropna()):

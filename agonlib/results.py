@@ -16,8 +16,9 @@ from pathlib import Path
 from .config import REPO_ROOT, RUNS_DIR
 
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
-COLUMNS = ["run", "system", "pass@1", "pass@k", "mean_final_len", "tokens_per_problem", "n_problems",
-           "steps", "eval_step", "wall_time_s", "seed"]
+COLUMNS = ["run", "system", "pass@1", "pass@1_lo", "pass@1_hi", "pass@k", "mean_final_len", "tokens_per_problem",
+           "n_problems", "steps", "eval_step", "wall_time_s", "seed"]
+SEED_COLUMNS = ["cell", "system", "seeds", "pass@1 mean", "pass@1_lo", "pass@1_hi", "per seed", "mean_final_len"]
 
 
 def run_rows(run_dir: Path) -> list[dict]:
@@ -44,10 +45,11 @@ def run_rows(run_dir: Path) -> list[dict]:
     for system, res in evaluation.items():
         if not isinstance(res, dict) or "pass@1" not in res:
             continue
-        ks = sorted((key for key in res if key.startswith("pass@") and key != "pass@1"),
+        ks = sorted((key for key in res if key.startswith("pass@") and key[5:].isdigit() and key != "pass@1"),
                     key=lambda key: int(key.split("@")[1]))
+        low, high = res.get("pass@1_ci") or (None, None)
         rows.append({
-            **common, "system": system, "pass@1": res["pass@1"],
+            **common, "system": system, "pass@1": res["pass@1"], "pass@1_lo": low, "pass@1_hi": high,
             "pass@k": res[ks[-1]] if ks else None,
             "mean_final_len": res.get("mean_final_len"), "tokens_per_problem": res.get("tokens_per_problem"),
             "n_problems": res.get("n_problems"),
@@ -67,8 +69,51 @@ def collect(profile: str, runs_dir: str | Path | None = None, write: bool = True
     if write:
         RESULTS_DIR.mkdir(parents=True, exist_ok=True)
         table.to_csv(RESULTS_DIR / f"{profile}.csv", index=False)
-        (RESULTS_DIR / f"{profile}.md").write_text(to_markdown(table) + "\n")
+        (RESULTS_DIR / f"{profile}.md").write_text(report(table, root) + "\n")
     return table
+
+
+def across_seeds(table):
+    """One row per (cell, system): the mean pass@1 over seeds with a 95% t-interval (DESIGN.md §8).
+
+    A cell's runs are its seeds (``agon``, ``agon-seed1`` …). With one seed the
+    interval is that run's Wilson interval over the held-out problems.
+    """
+    import pandas as pd
+
+    from .evaluation import mean_interval
+    from .paper import cell_of
+
+    evaluated = table[table["pass@1"].notna()] if len(table) else table
+    rows = []
+    for (cell, system), group in evaluated.groupby([evaluated["run"].map(cell_of), "system"], sort=True):
+        mean, low, high = mean_interval(group["pass@1"])
+        if len(group) == 1:
+            low, high = group["pass@1_lo"].iloc[0], group["pass@1_hi"].iloc[0]
+        rows.append({"cell": cell, "system": system, "seeds": len(group), "pass@1 mean": mean,
+                     "pass@1_lo": low, "pass@1_hi": high,
+                     "per seed": " ".join(f"{v:.3f}" for v in group["pass@1"]),
+                     "mean_final_len": float(group["mean_final_len"].mean())})
+    return pd.DataFrame(rows, columns=SEED_COLUMNS)
+
+
+def comparisons(runs_dir: str | Path):
+    """Every paired comparison recorded in the runs' ``final_eval.json`` (exact McNemar), a DataFrame."""
+    import pandas as pd
+
+    rows = []
+    for run_dir in sorted(p for p in Path(runs_dir).glob("*") if (p / "final_eval.json").exists()):
+        found = json.loads((run_dir / "final_eval.json").read_text()).get("comparisons") or {}
+        rows += [{"run": run_dir.name, "comparison": name, **test} for name, test in sorted(found.items())]
+    return pd.DataFrame(rows, columns=["run", "comparison", "n", "fixed", "broken", "p_value"])
+
+
+def report(table, runs_dir: str | Path) -> str:
+    """The Markdown results file: seeds aggregated with intervals, paired tests, then every run."""
+    parts = ["## pass@1 across seeds (mean, 95% interval; one seed: Wilson)", "", to_markdown(across_seeds(table)),
+             "", "## Paired comparisons (same problems, same seeds; exact McNemar)", "",
+             to_markdown(comparisons(runs_dir)), "", "## Every run", "", to_markdown(table)]
+    return "\n".join(parts)
 
 
 def to_markdown(table) -> str:

@@ -86,6 +86,53 @@ def test_moa_aggregator_reads_all_k_proposals(monkeypatch, fake_policies):
     assert out["total_tokens"] == [4 * 2, 4 * 2]  # every stage counted
 
 
+class AnswerBy:
+    """Fake generate whose completions box a per-adapter answer; records calls with their seeds."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = answers, []
+
+    def __call__(self, policies, prompt_texts, adapter, seeds, **kw):
+        self.calls.append({"adapter": adapter, "seeds": list(seeds), "params": kw.get("params")})
+        text = f"It is \\boxed{{{self.answers[adapter]}}}"
+        parts = split_completion(text, thinking=False)
+        return [Rollout(p, [1], [2, 3], text, parts.think, parts.summary, parts.answer, 2, False, s)
+                for p, s in zip(prompt_texts, seeds)]
+
+
+def _grade_by_answer(rollouts, problems, cfg):
+    return [int(r.answer == p["answer"]) for r, p in zip(rollouts, problems)]
+
+
+def test_cascade_grades_its_second_stage_and_reuses_the_first(monkeypatch, fake_policies):
+    config = agonlib.load_config("smoke", challenger_max_new_tokens=7)
+    problems = [{"question": "q1", "answer": "1"}, {"question": "q2", "answer": "1"}]
+    fake = AnswerBy({"A": "0", "B": "1", None: "0"})  # A is wrong, B (second stage) right
+    monkeypatch.setattr(evaluate, "generate", fake)
+    monkeypatch.setattr(evaluate, "grade", _grade_by_answer)
+    out = evaluate.evaluate_policies(fake_policies, problems, config, ("base", "A", "cascade_AB"), samples=1,
+                                     progress=False)
+    assert out["A"]["pass@1"] == 0.0 and out["cascade_AB"]["pass@1"] == 1.0  # graded on B's answer
+    # one A generation serves both A and the cascade's first stage; base and A share their seeds
+    adapters = [c["adapter"] for c in fake.calls]
+    assert adapters[:2] == [None, "A"] and adapters.count("A") == 1
+    assert fake.calls[0]["seeds"] == fake.calls[1]["seeds"]
+    second = next(c for c in fake.calls if c["adapter"] == "B")
+    assert second["params"].max_new_tokens == 7  # the challenger's cap
+    assert out["comparisons"]["cascade_AB vs A"] == {"n": 2, "fixed": 2, "broken": 0, "p_value": 0.5}
+
+
+def test_intervals_and_mcnemar():
+    lo, hi = evaluate.wilson(3, 20)
+    assert lo == pytest.approx(0.0524, abs=1e-3) and hi == pytest.approx(0.3604, abs=1e-3)
+    assert evaluate.wilson(0, 10)[0] == 0.0 and evaluate.wilson(10, 10)[1] == 1.0
+    mean, lo, hi = evaluate.mean_interval([0.2, 0.3, 0.4])
+    assert mean == pytest.approx(0.3) and hi - mean == pytest.approx(4.303 * 0.1 / 3**0.5)
+    assert evaluate.mcnemar_exact(7, 0) == pytest.approx(2 / 2**7)
+    assert evaluate.mcnemar_exact(5, 5) == 1.0
+    assert evaluate.paired([0, 1, 1, 0], [1, 1, 0, 0]) == {"n": 4, "fixed": 1, "broken": 1, "p_value": 1.0}
+
+
 def test_summarize_and_disagreement():
     raw = {"correct": [[1, 0, 1], [0, 0, 0]], "answers": [], "final_lens": [10, 20, 30, 40, 50, 60],
            "total_tokens": [10, 20, 30, 40, 50, 60]}
@@ -129,3 +176,17 @@ def test_public_api_functions_stay_callable():
 
     assert callable(agonlib.train) and callable(agonlib.evaluate)
     assert callable(agonlib.results.collect)
+
+
+def test_results_aggregate_seeds_with_intervals(tmp_path):
+    _fixture_run(tmp_path, "agon", "agon", {"cascade_AB": 0.5})
+    _fixture_run(tmp_path, "agon-seed1", "agon", {"cascade_AB": 0.7})
+    _fixture_run(tmp_path, "grpo", "grpo", {"grpo": 0.3})
+    table = results.collect("fixture", runs_dir=tmp_path, write=False)
+    seeds = {(r["cell"], r["system"]): r for r in results.across_seeds(table).to_dict("records")}
+    agon = seeds[("agon", "cascade_AB")]
+    half = 12.706 * (0.2 / 2**0.5) / 2**0.5  # t(0.975, df=1) * sd / sqrt(n)
+    assert agon["seeds"] == 2 and agon["pass@1 mean"] == pytest.approx(0.6)
+    assert agon["pass@1_lo"] == pytest.approx(0.6 - half) and agon["pass@1_hi"] == pytest.approx(0.6 + half)
+    assert seeds[("grpo", "grpo")]["seeds"] == 1
+    assert "pass@1 across seeds" in results.report(table, tmp_path)

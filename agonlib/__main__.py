@@ -6,14 +6,17 @@ Commands:
 * ``eval``       — final evaluation of a run directory (or a config's untrained policies).
 * ``solve``      — the cascade of a trained run on one problem: draft summary and final answer.
 * ``round``      — one draft → summary → challenge round, printed readably.
+* ``gate``       — can the untrained challenger use the challenge prompt? (DESIGN.md §8)
 * ``reproduce``  — the README's main job: every numbered notebook through papermill.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from pathlib import Path
 
 from .config import ConfigError, load_config, parse_override
 from .pipeline import text_block as _block
@@ -47,6 +50,17 @@ def cmd_round(args) -> int:
     return 0
 
 
+def cmd_gate(args) -> int:
+    from .gate import format_gate, gate_path, run_gate, write_gate
+
+    config = _load(args)
+    path = write_gate(run_gate(config, progress=True), Path(args.out) if args.out else gate_path(config.profile))
+    result = json.loads(path.read_text())
+    print(format_gate(result))
+    print(f"Written to {path}")
+    return 0 if result["passed"] or not args.strict else 1
+
+
 def cmd_train(args) -> int:
     from .trainer import train
 
@@ -59,7 +73,6 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from pathlib import Path
 
     from .evaluation import evaluate
 
@@ -79,7 +92,6 @@ def cmd_eval(args) -> int:
 
 
 def cmd_solve(args) -> int:
-    from pathlib import Path
 
     from .evaluation import _latest_adapters, load_run_config
     from .models import load_policies
@@ -125,6 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     p_round.add_argument("--problems", type=int, default=2, help="problems in the round (default 2)")
     p_round.add_argument("--generations", type=int, default=2, help="drafts per problem (default 2)")
     p_round.set_defaults(func=cmd_round)
+    p_gate = sub.add_parser("gate", help="measure whether the untrained challenger can use the challenge prompt",
+                            description="Draft/challenge pairs of the untrained adapters on held-out problems "
+                                        "(gate_problems x num_generations): boxed rate, truncation, accuracy, "
+                                        "conversion and regression of drafts and of challenges with and without "
+                                        "exchange. Writes experiments/gate/<profile>.json.")
+    _config_args(p_gate)
+    p_gate.add_argument("--out", default=None, help="where to write the JSON (default experiments/gate/<profile>.json)")
+    p_gate.add_argument("--strict", action="store_true", help="exit 1 when the gate fails")
+    p_gate.set_defaults(func=cmd_gate)
     p_train = sub.add_parser("train", help="run (or resume) a training run")
     p_train.add_argument("profile", nargs="?", default="cpu", help="profile name or YAML path (default: cpu)")
     p_train.add_argument("--cell", default=None, help="an experiment cell of experiments/cells.yaml")
@@ -160,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     p_repro.add_argument("--jobs", type=int, default=None,
                          help="training notebooks (01-06) at a time; default min(2, cores), 1 on colab/paper")
     p_repro.add_argument("--force", action="store_true", help="retrain and re-evaluate runs that already exist")
+    p_repro.add_argument("--seeds", default=None, metavar="K|S,S",
+                         help="train every cell for each seed: a count (3: seeds 0,1,2) or a list (0,1,2)")
+    p_repro.add_argument("--skip-gate", action="store_true",
+                         help="do not run (or reuse) the gate before training (experiments/gate/<profile>.json)")
     p_repro.add_argument("--out-dir", default=None,
                          help="write runs, results and figures under this folder instead of the repo "
                               "(also: $AGON_OUT_DIR)")

@@ -252,11 +252,37 @@ def _run_batch(tasks: list[Task], jobs: int, kernel: str | None, cwd: Path, say)
     return failed
 
 
+def run_gate_step(profile: str, overrides: dict, out_dir=None, say=print) -> dict:
+    """The gate before any training (:mod:`agonlib.gate`): reused while its prompts and settings are unchanged.
+
+    A failing gate does not stop the job — the main job must always run — but
+    says loudly that the challenger cannot use its prompt at initialisation, so
+    the Agon cells are handicapped and their results must be read that way.
+    """
+    from .config import load_config
+    from .gate import cached_gate, format_gate, gate_path
+
+    paths = output_paths(profile, out_dir)
+    path = gate_path(profile, paths.root / "gate" if paths.root else None)
+    result, rerun = cached_gate(load_config(profile, **overrides), path, progress=False)
+    say(("Gate measured now" if rerun else "Gate reused") + f" ({path}):\n" + format_gate(result))
+    if not result["passed"]:
+        bar = "!" * 96
+        say(f"{bar}\nWARNING: the challenge prompt FAILS its gate on profile {profile!r}: "
+            + " ".join(result["misses"]) + "\nThe reproduction goes on, but the Agon cells start with a "
+            "challenger that cannot use the summary; read their results in that light (experiments/LOG.md).\n" + bar)
+    return result
+
+
 def run(profile: str | None = None, *, only=None, jobs: int | None = None, force: bool = False, settings=None,
-        params_file=None, out_dir=None, notebooks_dir=None, kernel: str | None = None, quiet: bool = False) -> dict:
+        params_file=None, out_dir=None, notebooks_dir=None, kernel: str | None = None, quiet: bool = False,
+        seeds=None, gate: bool = True) -> dict:
     """Run the numbered notebooks through papermill; returns ``{notebook stem: seconds}``.
 
     ``profile``: an explicit value wins over ``settings`` and the params file (default ``cpu``).
+    ``seeds`` (e.g. ``[0, 1, 2]``): every training notebook runs once per seed (executed copies
+    ``NN_name-seed<k>.ipynb``); evaluation and figures then cover every seed. ``gate``: run the
+    gate first (:func:`run_gate_step`) when the whole job runs.
 
     Raises :class:`NotebookFailed` naming the notebook and cell on the first failure.
     """
@@ -285,12 +311,19 @@ def run(profile: str | None = None, *, only=None, jobs: int | None = None, force
     if jobs is None:
         jobs = 1 if profile in GPU_PROFILES else min(2, os.cpu_count() or 1)
     jobs = max(1, int(jobs))
+    seeds = [int(k) for k in seeds] if seeds else None
     say(f"Reproducing profile {profile!r}: {len(chosen)} notebook(s) from {notebooks_dir}, up to {jobs} "
-        f"training notebook(s) at a time.\nExecuted notebooks and logs: {paths.notebooks}")
+        f"training notebook(s) at a time" + (f", seeds {', '.join(map(str, seeds))}" if seeds else "")
+        + f".\nExecuted notebooks and logs: {paths.notebooks}")
+    if gate and not only:
+        overrides = {k: v for k, v in settings.items() if k in FIELD_NAMES}
+        run_gate_step(profile, overrides, out_dir, say)
 
-    def task_for(nb: Path, env: dict) -> Task:
-        return Task(notebook=nb, output=paths.notebooks / nb.name, log=paths.notebooks / f"{nb.stem}.log",
-                    parameters=params[nb], env=env)
+    def task_for(nb: Path, env: dict, seed: int | None = None) -> Task:
+        name = nb.stem if not seed else f"{nb.stem}-seed{seed}"
+        parameters = params[nb] if seed is None or "seed" not in parameters_of(nb) else {**params[nb], "seed": seed}
+        return Task(notebook=nb, output=paths.notebooks / f"{name}.ipynb", log=paths.notebooks / f"{name}.log",
+                    parameters=parameters, env=env)
 
     # Consecutive training notebooks form one parallel batch; the others run alone, in order.
     batches: list[list[Path]] = []
@@ -302,13 +335,17 @@ def run(profile: str | None = None, *, only=None, jobs: int | None = None, force
             batches.append([nb])
     timings = {}
     for batch in batches:
-        width = min(jobs, len(batch)) if batch[0].stem.split("_")[0] in PARALLEL_PREFIXES else 1
+        width = min(jobs, len(batch) * len(seeds or [0])) if batch[0].stem.split("_")[0] in PARALLEL_PREFIXES else 1
         env = {}
         if width > 1 and "OMP_NUM_THREADS" not in os.environ:
             env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        tasks = [task_for(nb, env) for nb in batch]
+        training = batch[0].stem.split("_")[0] in PARALLEL_PREFIXES
+        if training and seeds:
+            tasks = [task_for(nb, env, k) for k in seeds for nb in batch]
+        else:
+            tasks = [task_for(nb, env, seeds[0] if seeds else None) for nb in batch]
         failed = _run_batch(tasks, width, kernel, notebooks_dir, say)
-        timings.update({t.notebook.stem: round(t.seconds, 1) for t in tasks if t.status == "ok"})
+        timings.update({t.output.stem: round(t.seconds, 1) for t in tasks if t.status == "ok"})
         if failed is not None:
             raise NotebookFailed(failure_report(failed, kernel))
     total = time.perf_counter() - start
@@ -331,12 +368,25 @@ def _clock(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
+def _seeds_arg(text) -> list[int] | None:
+    """``"0,1,2"`` → ``[0, 1, 2]``; a bare count ``"3"`` means seeds ``0 … 2``."""
+    if not text:
+        return None
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise ConfigError(f"--seeds {text!r}: give a count (3) or a comma-separated list (0,1,2).") from None
+    return list(range(values[0])) if len(values) == 1 and "," not in str(text) else values
+
+
 def main(args) -> int:
     """The ``reproduce`` subcommand (arguments parsed in ``agonlib.__main__``)."""
     settings = dict(parse_override(item) for item in args.overrides)
     try:
         run(args.profile, only=args.only, jobs=args.jobs, force=args.force, settings=settings,
-            params_file=args.params, out_dir=args.out_dir, notebooks_dir=args.notebooks_dir, kernel=args.kernel)
+            params_file=args.params, out_dir=args.out_dir, notebooks_dir=args.notebooks_dir, kernel=args.kernel,
+            seeds=_seeds_arg(args.seeds), gate=not args.skip_gate)
     except NotebookFailed as err:
         print(f"\nREPRODUCTION FAILED\n{err}", file=sys.stderr, flush=True)
         return 1

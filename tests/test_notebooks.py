@@ -233,3 +233,23 @@ def test_rerun_skips_finished_training(reproduced, monkeypatch):
     reproduce.run(params_file=CI_PARAMS, only="02", out_dir=root, quiet=True)
     assert metrics.read_bytes() == before
     assert "already trained" in (paths.notebooks / "02_agon.ipynb").read_text()
+
+
+@pytest.mark.slow
+def test_seeds_run_every_training_notebook_once_per_seed(tmp_path):
+    notebooks = tmp_path / "nbs"
+    notebooks.mkdir()
+    for name in ("00_setup", "01_train", "07_eval"):
+        params = nbformat.v4.new_code_cell("profile = 'cpu'\nseed = 0")
+        params.metadata["tags"] = ["parameters"]
+        nb = nbformat.v4.new_notebook(cells=[params, nbformat.v4.new_code_cell("print(f'seed={seed}')")],
+                                      metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                               "language": "python"}})
+        nbformat.write(nb, str(notebooks / f"{name}.ipynb"))
+    timings = reproduce.run("smoke", notebooks_dir=notebooks, out_dir=tmp_path / "out", jobs=2, quiet=True,
+                            seeds=[0, 2], gate=False)
+    assert sorted(timings) == ["00_setup", "01_train", "01_train-seed2", "07_eval"]
+    out = output_paths("smoke", tmp_path / "out").notebooks
+    assert "seed=2" in (out / "01_train-seed2.ipynb").read_text()
+    assert "seed=0" in (out / "01_train.ipynb").read_text() and "seed=0" in (out / "07_eval.ipynb").read_text()
+    assert reproduce._seeds_arg("3") == [0, 1, 2] and reproduce._seeds_arg("0,4") == [0, 4]

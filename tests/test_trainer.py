@@ -194,3 +194,75 @@ def test_code_summary_drops_the_final_program():
     text = "Read n, print its double.\n```python\nn = int(input())\nprint(2 * n)\n```"
     think, summary, answer = agonlib.split_completion(text, thinking=False, task="code")
     assert summary == "Read n, print its double." and "print(2 * n)" in answer
+
+
+def _drafts_only_grader():
+    """Drafts get varied 0/1 grades, challenges all 0: only the drafter's adapter has a gradient."""
+    calls = []
+
+    def grade(rollouts, problems, config):
+        calls.append(len(rollouts))
+        if len(calls) % 2:  # play_round grades the drafts first, then the challenges
+            return [hashlib.sha1(r.text.encode()).digest()[0] % 2 for r in rollouts]
+        return [0] * len(rollouts)
+    return grade
+
+
+@pytest.mark.parametrize("roles,drafters,b_changes_at_step_2", [
+    # rotate: B drafts at step 2 and learns from its drafts (it had no optimizer moments before)
+    ("rotate", ["A", "B"], True),
+    # fixed: A drafts again; B, a challenger with all-zero advantages, stays exactly as it was
+    ("fixed", ["A", "A"], False),
+])
+def test_trainer_rotates_roles(tiny, monkeypatch, tmp_path, roles, drafters, b_changes_at_step_2):
+    monkeypatch.setattr(game, "grade", _drafts_only_grader())
+    trainer = Trainer(_cfg(tmp_path, steps=2, roles=roles), policies=tiny, progress=False)
+    before = _snapshot(tiny)
+    row1, _ = trainer.train_step(1)
+    changed1 = _changed(before, tiny)
+    assert any(".A." in n for n in changed1) and not any(".B." in n for n in changed1)  # A drafted and learned
+    assert row1["challenger/skipped_zero_adv"] == 1
+    middle = _snapshot(tiny)
+    row2, rnd2 = trainer.train_step(2)
+    assert [row1["drafter"], row2["drafter"]] == drafters and rnd2.drafter == drafters[1]
+    changed2 = _changed(middle, tiny)
+    assert any(".B." in n for n in changed2) == b_changes_at_step_2
+
+
+class BoxedBackend:
+    """Scripted generation: drafts state and box an answer, challenges box another; prompts recorded."""
+
+    def __init__(self, draft_text, challenge_text):
+        self.texts, self.calls = [draft_text, challenge_text], []
+
+    def begin_step(self, step):
+        pass
+
+    def generate(self, prompt_texts, adapter, seeds, params=None, thinking=False, task="math", **kw):
+        from agonlib.parsing import split_completion
+        from agonlib.rollouts import Rollout
+
+        text = self.texts[len(self.calls) % 2]
+        self.calls.append({"adapter": adapter, "prompts": list(prompt_texts), "cap": params.max_new_tokens})
+        parts = split_completion(text, thinking=thinking, task=task)
+        n = len(text.split())  # a stand-in token count
+        return [Rollout(p, [1], list(range(n)), text, parts.think, parts.summary, parts.answer, n, False, s)
+                for p, s in zip(prompt_texts, seeds)]
+
+
+def test_game_masks_boxed_drafts_and_pays_the_length_tiebreak(tiny, monkeypatch, tmp_path):
+    cfg = _cfg(tmp_path, lambda_len=0.1, challenger_max_new_tokens=9)
+    problems = [{"id": 0, "question": "Ann has 4 apples and gets 5 more. How many?", "answer": "9"}]
+    draft = "Ann has 4 apples and gets 5, so 4 + 5 = 9 apples. She has 9 apples.\n\\boxed{9}"
+    backend = BoxedBackend(draft, "9 apples \\boxed{9}")
+    monkeypatch.setattr(game, "grade", lambda rollouts, probs, config: [int(r.answer == "9") for r in rollouts])
+    rnd = game.play_round(tiny, problems, 1, cfg, progress=False, backend=backend)
+    challenge_prompts = backend.calls[1]["prompts"]
+    assert backend.calls[1]["cap"] == 9 and backend.calls[0]["cap"] == cfg.max_new_tokens  # per-role caps
+    for text in challenge_prompts:
+        assert "4 + 5 = […] apples. She has […] apples." in text  # the summary, answer masked
+        assert "= 9" not in text and "\\boxed{9}" not in text and " 9 " not in text
+    assert rnd.leaked == [False] * len(rnd.drafts)
+    # both right, the challenge (3 "tokens") shorter than the draft: correct + tiebreak
+    assert [r.total for r in rnd.r_challenge] == [pytest.approx(1.1)] * len(rnd.drafts)
+    assert rnd.metrics()["challenger/tiebreak_rate"] == 1.0

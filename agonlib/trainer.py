@@ -141,6 +141,10 @@ class Trainer:
                                     weight_decay=config.weight_decay)
             for name in self.adapters
         }
+        # fp16 (a T4) needs loss scaling, or small gradients flush to zero in the fp16 layers; one scaler per
+        # adapter, like its optimizer. fp32 and bf16 (fp32's exponent range) run without one.
+        self.scalers = ({name: torch.amp.GradScaler(self.policies.device.type) for name in self.adapters}
+                        if self.policies.dtype == torch.float16 else {})
         self.update_cfg = UpdateConfig(
             loss_type=config.loss_type, beta=config.beta, epsilon=config.epsilon,
             epsilon_high=config.epsilon_high, max_completion_length=config.max_new_tokens,
@@ -191,7 +195,8 @@ class Trainer:
         with pol.use(adapter):
             pol.model.train()
             stats = grpo_update(pol.model, batch, pol.params(adapter), optimizer, self.update_cfg,
-                                sync=self.dp.sync_grads if self.dp is not None else None)
+                                sync=self.dp.sync_grads if self.dp is not None else None,
+                                scaler=self.scalers.get(adapter))
             pol.model.eval()
         out = {"loss": stats.loss, "grad_norm": stats.grad_norm, "clip_frac": stats.clip_region,
                "skipped_zero_adv": 0, "skipped_nonfinite": stats.num_skipped}
@@ -305,6 +310,7 @@ class Trainer:
         state = {
             "step": self.step,
             "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
+            "scalers": {name: scaler.state_dict() for name, scaler in self.scalers.items()},
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
             "data_position": self.step * self.config.problems_per_step,
             "config": self.config.to_dict(),
@@ -329,6 +335,8 @@ class Trainer:
                 self.policies.load_adapter(name, path / "adapters")
             for name, opt in self.optimizers.items():
                 opt.load_state_dict(state["optimizers"][name])
+            for name, scaler in self.scalers.items():
+                scaler.load_state_dict(state["scalers"][name])
         except Exception as err:  # noqa: BLE001 — any failure here means the checkpoint is unusable
             older = [p.name for p in self.checkpoints() if p != path]
             way_out = (f"Delete it to resume from {older[-1]}." if older else "No older checkpoint exists.")

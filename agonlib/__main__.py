@@ -93,7 +93,7 @@ def cmd_eval(args) -> int:
 
 def cmd_solve(args) -> int:
 
-    from .evaluation import _latest_adapters, load_run_config
+    from .runs import latest_adapters, load_run_config
     from .models import load_policies
     from .rollouts import generate, sample_seed
 
@@ -101,7 +101,7 @@ def cmd_solve(args) -> int:
     config = load_run_config(run_dir)
     if config.mode == "grpo":
         raise SystemExit(f"{run_dir} is a vanilla GRPO run (one adapter): there is no cascade to solve with.")
-    adapters = _latest_adapters(run_dir)
+    adapters = latest_adapters(run_dir)
     if adapters is None:
         raise SystemExit(f"{run_dir} has no complete checkpoint to solve with.")
     policies = load_policies(config)
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from .models import AssetError
-    from .trainer import CheckpointError
+    from .runs import CheckpointError
 
     try:
         return args.func(args)

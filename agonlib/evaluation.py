@@ -42,6 +42,7 @@ from . import prompts
 from .game import grade
 from .parsing import final_text
 from .rollouts import SamplingParams, generate, sample_seed
+from .runs import latest_adapters, load_run_config
 
 log = logging.getLogger(__name__)
 
@@ -272,28 +273,6 @@ def evaluate_policies(policies, problems: list[dict], config, systems=None, *, s
     return out
 
 
-def _latest_adapters(run_dir: Path) -> Path | None:
-    """The adapters of a run's newest complete checkpoint (``None`` without one)."""
-    from .trainer import complete_checkpoints
-
-    ckpts = complete_checkpoints(run_dir)
-    return ckpts[-1] / "adapters" if ckpts else None
-
-
-def load_run_config(run_dir: Path):
-    """The config a run directory was trained with (its ``config.json``), with clear errors."""
-    from .config import ConfigError, load_config
-
-    saved = Path(run_dir) / "config.json"
-    if not saved.exists():
-        raise FileNotFoundError(f"{run_dir} has no config.json: is it a run directory?")
-    try:
-        values = dict(json.loads(saved.read_text())["config"])
-        return load_config(values.pop("profile"), **values)
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ConfigError(f"{saved} is not a readable run config ({type(err).__name__}: {err}).") from None
-
-
 def evaluate(run_dir_or_config, systems=None, *, n_problems: int | None = None, samples: int | None = None,
              policies=None, progress: bool = True) -> dict:
     """Final evaluation of a run directory (its newest checkpoint) or of a config's untrained policies.
@@ -315,7 +294,7 @@ def evaluate(run_dir_or_config, systems=None, *, n_problems: int | None = None, 
         run_dir = Path(run_dir_or_config)
         config = load_run_config(run_dir)
         policies = policies or load_policies(config)
-        adapters = _latest_adapters(run_dir)
+        adapters = latest_adapters(run_dir)
         if adapters is None:
             log.warning("%s has no complete checkpoint: evaluating untrained adapters.", run_dir)
         else:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from .config import Config, ConfigError, load_config
 from .paths import output_paths
+from .runs import last_checkpoint_step, last_logged_step, latest_adapters, load_run_config, read_jsonl, recorded_config
 
 log = logging.getLogger(__name__)
 
@@ -65,20 +66,6 @@ def cell_config(profile: str, cell: str, *, seed: int = 0, steps: int | None = N
     return config
 
 
-def _last_complete_step(run_dir: Path) -> int:
-    from .trainer import complete_checkpoints
-
-    ckpts = complete_checkpoints(run_dir)
-    return int(ckpts[-1].name.split("-")[1]) if ckpts else 0
-
-
-def _last_logged_step(run_dir: Path) -> int:
-    from .trainer import read_jsonl
-
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    return int(rows[-1]["step"]) if rows else 0
-
-
 def settings_changed(config: Config) -> dict:
     """``{key: (recorded, requested)}`` where a run directory's ``config.json`` differs from ``config``.
 
@@ -86,12 +73,8 @@ def settings_changed(config: Config) -> dict:
     """
     from .trainer import Trainer
 
-    saved = config.run_dir / "config.json"
-    if not saved.exists():
-        return {}
-    try:
-        recorded = json.loads(saved.read_text())["config"]
-    except (json.JSONDecodeError, KeyError):
+    recorded = recorded_config(config.run_dir)
+    if recorded is None:
         return {}
     return {k: (recorded[k], v) for k, v in config.to_dict().items()
             if k in recorded and recorded[k] != v and k not in Trainer.RESUMABLE_CHANGES}
@@ -100,10 +83,10 @@ def settings_changed(config: Config) -> dict:
 def training_status(config: Config) -> tuple[str, int]:
     """``("done" | "partial" | "new", last complete checkpoint step)`` of a config's run directory."""
     run_dir = config.run_dir
-    step = _last_complete_step(run_dir)
+    step = last_checkpoint_step(run_dir)
     if step >= config.steps:
         return "done", step
-    if step == 0 and (run_dir / "final_eval.json").exists() and _last_logged_step(run_dir) >= config.steps:
+    if step == 0 and (run_dir / "final_eval.json").exists() and last_logged_step(run_dir) >= config.steps:
         return "done", step  # evaluated, then its checkpoints deleted: nothing left to train
     if step > 0 or (run_dir / "metrics.jsonl").exists():
         return "partial", step
@@ -169,8 +152,6 @@ def run_summary(run_dir: str | Path, last: int = 10):
     """The last ``last`` logged steps of a run, the columns a reader checks first (a DataFrame)."""
     import pandas as pd
 
-    from .trainer import read_jsonl
-
     rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
     table = pd.DataFrame(rows)
     if table.empty:
@@ -204,9 +185,7 @@ def _baseline_runs(configs: dict[Path, Config]) -> set[Path]:
 
 def _evaluated_newest(run_dir: Path, found: dict) -> bool:
     """Whether a ``final_eval.json`` (``found``) was made on the run's newest complete checkpoint."""
-    from .evaluation import _latest_adapters
-
-    adapters = _latest_adapters(run_dir)
+    adapters = latest_adapters(run_dir)
     evaluated = (found.get("meta") or {}).get("checkpoint")
     return (Path(evaluated).name if evaluated else None) == (adapters.parent.name if adapters else None)
 
@@ -231,7 +210,7 @@ def evaluate_runs(profile: str, *, runs=None, systems=None, out_dir: str | Path 
     evaluation to some run names.
     """
     from .data import problems_for
-    from .evaluation import default_systems, evaluate, load_run_config
+    from .evaluation import default_systems, evaluate
 
     dirs = [d for d in run_dirs(profile, out_dir) if runs is None or d.name in runs]
     if not dirs:
@@ -276,10 +255,9 @@ def _shared_policies(run_dir: Path, config: Config, loaded: dict):
     Safe because ``evaluate`` loads the run's own adapters into it — so a run without a
     checkpoint (untrained adapters) always gets a fresh model.
     """
-    from .evaluation import _latest_adapters
     from .models import load_policies
 
-    if _latest_adapters(run_dir) is None:
+    if latest_adapters(run_dir) is None:
         return None
     key = json.dumps([getattr(config, k, None) for k in MODEL_KEYS], default=str)
     if key not in loaded:

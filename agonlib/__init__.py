@@ -23,12 +23,14 @@ _EXPORTS = {
     "Policies": "models",
     "split_completion": "parsing",
     "extract_summary": "parsing",
-    "grade_math": "verify",
-    "grade_code": "sandbox",
+    "grade_math": "grading",
+    "grade_code": "grading",
     "train": "trainer",
     "evaluate": "evaluation",
 }
-_SUBMODULES = ("results", "paper", "paths", "pipeline", "plots", "reproduce")
+# What the notebooks call lives in agonlib.study; `agonlib.results.collect(profile)` (DESIGN.md §7) and
+# the other study modules stay reachable as attributes of the package.
+_SUBMODULES = {name: f".study.{name}" for name in ("results", "paper", "paths", "pipeline", "plots", "reproduce")}
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
@@ -37,5 +39,5 @@ def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
+        return importlib.import_module(_SUBMODULES[name], __name__)
     raise AttributeError(f"module 'agonlib' has no attribute {name!r}")

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from .config import ConfigError, load_config, parse_override
-from .pipeline import text_block as _block
+from .study.pipeline import text_block as _block
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def _load(args) -> object:
 
 def cmd_round(args) -> int:
     from .models import load_policies
-    from .pipeline import show_round
+    from .study.pipeline import show_round
 
     config = _load(args)
     print(f"Loading {config.model} (profile {config.profile}) …", flush=True)
@@ -123,7 +123,7 @@ def cmd_solve(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from .reproduce import main as reproduce_main
+    from .study.reproduce import main as reproduce_main
 
     return reproduce_main(args)
 

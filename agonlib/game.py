@@ -10,8 +10,7 @@ the CLI's ``round`` command prints one.
 In ``mode: grpo`` a round is drafts only (``N`` or compute-matched ``2N``) under
 adapter ``A``, rewarded ``c(a)``.
 
-Grading goes through the same graders evaluation uses (``agonlib.verify`` and
-``agonlib.sandbox``), so training reward and reported accuracy cannot disagree.
+Grading goes through the same graders evaluation uses (``agonlib.grading``), so training reward and reported accuracy cannot disagree.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import prompts, rewards
+from .grading import grade_code, grade_math_batch
 from .parsing import MASK, mask_answer
 from .rollouts import GenerationStats, Rollout, SamplingParams, generate, sample_seed
 
@@ -42,12 +42,8 @@ def roles_for_step(step: int, roles: str = "rotate", mode: str = "agon") -> tupl
 def grade(rollouts: list[Rollout], problems: list[dict], config) -> list[int]:
     """0/1 correctness of each rollout against its problem (``problems`` aligned with ``rollouts``)."""
     if config.task == "code":
-        from .sandbox import grade_code
-
         return [grade_code(r.text, p["tests"], time_limit_s=config.code_time_limit_s, thinking=config.thinking)
                 for r, p in zip(rollouts, problems)]
-    from .verify import grade_math_batch
-
     return grade_math_batch([r.text for r in rollouts], [str(p["answer"]) for p in problems],
                             thinking=config.thinking, timeout_s=config.grade_timeout_s)
 

@@ -35,7 +35,7 @@ from concurrent.futures import ProcessPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
 
-from agonlib import sandbox, verify
+from agonlib.grading import code_grader as sandbox, math_grader as verify
 
 OUT = Path(__file__).with_name("grading.json")
 

@@ -69,7 +69,7 @@ def training_notebook(title: str, cells: list[str], prose: str) -> list:
     params = COMMON + OVERRIDES + (f"\ncells = {cells!r}  # the experiment cells of experiments/cells.yaml"
                                    if many else "")
     if many:
-        train = ("from agonlib import pipeline\n\n"
+        train = ("from agonlib.study import pipeline\n\n"
                  "run_dirs = {cell: pipeline.train_cell(profile, cell, seed=seed, steps=steps, out_dir=out_dir,\n"
                  "                                      force=force, **overrides)\n"
                  "            for cell in cells}")
@@ -77,7 +77,7 @@ def training_notebook(title: str, cells: list[str], prose: str) -> list:
                 "    print(f\"{cell}: {run_dir}\")\n"
                 "    display(pipeline.run_summary(run_dir))")
     else:
-        train = ("from agonlib import pipeline\n\n"
+        train = ("from agonlib.study import pipeline\n\n"
                  f"run_dir = pipeline.train_cell(profile, {cells[0]!r}, seed=seed, steps=steps, out_dir=out_dir,\n"
                  "                             force=force, **overrides)")
         show = "pipeline.run_summary(run_dir)"
@@ -138,7 +138,7 @@ checks that torch sees the GPU, and switches to the `colab` profile."""),
         new_markdown_cell("## The environment\n\nWhat a run would use here. `dtype: auto` picks bf16 only "
                           "where the hardware runs it natively (a bf16 matmul is ~400× slower on an AVX2-only "
                           "CPU), so fp32 on most laptops."),
-        new_code_cell("from agonlib import load_config, pipeline\n\n"
+        new_code_cell("from agonlib import load_config\nfrom agonlib.study import pipeline\n\n"
                       "config = load_config(profile, seed=seed, **overrides)\n"
                       "environment = pipeline.show_environment(config)"),
         new_markdown_cell("## The profile's model and its two adapters\n\n`A` starts equal to the base "
@@ -245,7 +245,7 @@ long challenge prompt, so cascades can score *below* single adapters there
                         .replace("# training steps; None: the profile's default", "# not used here")
                         + "\nsystems = None  # None: each run's own systems (plus base and moa once per seed)"
                         "\neval_problems = None  # held-out problems; None: the profile's final_eval_problems (null: the whole split)"),
-        new_code_cell("from agonlib import pipeline\n\n"
+        new_code_cell("from agonlib.study import pipeline\n\n"
                       "results = pipeline.evaluate_runs(profile, systems=systems, out_dir=out_dir, force=force,\n"
                       "                                 eval_problems=eval_problems)\n"
                       "pipeline.evaluation_table(results)"),
@@ -277,7 +277,7 @@ the profile's `max_new_tokens`, a few dozen tokens on `cpu`)."""),
                         .replace("# training steps; None: the profile's default", "# not used here")
                         .replace("# retrain / re-evaluate runs that already exist",
                                  "# not used here: figures are always redrawn")),
-        new_code_cell("from agonlib import plots\n\n"
+        new_code_cell("from agonlib.study import plots\n\n"
                       "figures = plots.make_figures(profile, \"length\", out_dir=out_dir)\n"
                       "plots.show(figures)"),
     ],
@@ -289,7 +289,7 @@ the profile's `max_new_tokens`, a few dozen tokens on `cpu`)."""),
 exchange 46%, Agon with fixed roles 52%, vanilla GRPO on Qwen3-4B 59%, **Agon
 61%**. The paper's numbers are quoted as reference; ours come from
 `experiments/results/<profile>.csv`, which this notebook rebuilds from the run
-directories (`agonlib.results.collect`). On the `cpu` profile (a 135M model on
+directories (`agonlib.study.results.collect`). On the `cpu` profile (a 135M model on
 arithmetic word problems, minutes of training) compare orderings and gaps, not
 absolute values.
 
@@ -313,14 +313,14 @@ well above 0) rather than collapsing into one policy."""),
                         .replace("# training steps; None: the profile's default", "# not used here")
                         .replace("# retrain / re-evaluate runs that already exist",
                                  "# not used here: the table and figures are always rebuilt")),
-        new_code_cell("from agonlib import pipeline\n\n"
+        new_code_cell("from agonlib.study import pipeline\n\n"
                       "table = pipeline.collect_results(profile, out_dir=out_dir)\n"
                       "table"),
         new_markdown_cell("The paper's rows beside ours: the `A→B` cascade for the Agon-style cells (`B→A` "
                           "beside it), the adapter for vanilla GRPO, `moa` for the untrained baseline; the "
                           "mean over seeds, with each seed's value."),
-        new_code_cell("from agonlib import paper\n\npaper.comparison(table)"),
-        new_code_cell("from agonlib import plots\n\n"
+        new_code_cell("from agonlib.study import paper\n\npaper.comparison(table)"),
+        new_code_cell("from agonlib.study import plots\n\n"
                       "figures = plots.make_figures(profile, \"results\", out_dir=out_dir)\n"
                       "plots.show(figures)"),
     ],

@@ -20,8 +20,8 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
 
-from agonlib.code_problems import REFERENCE_SOLUTIONS, code_problems  # noqa: E402
-from agonlib.codecontests import collect_tests, load_code_contests  # noqa: E402
+from agonlib.data.code_problems import REFERENCE_SOLUTIONS, code_problems  # noqa: E402
+from agonlib.data.codecontests import collect_tests, load_code_contests  # noqa: E402
 from agonlib.data import (  # noqa: E402
     DEEPMATH,
     gsm8k_final_answer,
@@ -31,8 +31,8 @@ from agonlib.data import (  # noqa: E402
     load_math500,
     load_problems,
 )
-from agonlib.hub import DataLoadError, hub_rows, normalize_answer, split_by_question  # noqa: E402
-from agonlib.synthetic import LEVELS, solve, synthetic_problems, synthetic_split  # noqa: E402
+from agonlib.data.hub import DataLoadError, hub_rows, normalize_answer, split_by_question  # noqa: E402
+from agonlib.data.synthetic import LEVELS, solve, synthetic_problems, synthetic_split  # noqa: E402
 
 ROW_KEYS = {"id", "question", "answer", "difficulty", "source"}
 
@@ -219,7 +219,7 @@ def test_deepmath_default_self_check_uses_the_verifier(tmp_path, monkeypatch, ba
     fake = types.SimpleNamespace(grade_math=grade_math)
     if batched:
         fake.grade_math_batch = grade_math_batch
-    monkeypatch.setitem(sys.modules, "agonlib.verify", fake)
+    monkeypatch.setitem(sys.modules, "agonlib.grading.math_grader", fake)
     path = write_parquet(tmp_path / "d.parquet", deepmath_rows())
     parts = load_deepmath_hard(data_files=path, test_size=4)
     assert parts.stats["dropped/self_check_failed"] == 1

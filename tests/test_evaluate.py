@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 import agonlib
-from agonlib import evaluation as evaluate, prompts, results
+from agonlib import evaluation as evaluate, prompts
+from agonlib.study import results
 from agonlib.parsing import split_completion
 from agonlib.rollouts import Rollout
 

@@ -1,4 +1,4 @@
-"""The device check (agonlib.gpu_check) on CPU, and the GPU profiles' sizes.
+"""The device check (scripts/gpu_check.py) on CPU, and the GPU profiles' sizes.
 
 The check itself needs an NVIDIA GPU; here it must refuse clearly, and its
 ``--dry-run`` must run the same code end to end on the smoke model (with the
@@ -15,11 +15,22 @@ import torch
 from transformers import Qwen3Config
 
 import agonlib
-from agonlib import gpu_check, grpo
+from agonlib import grpo
 from agonlib.backends import GPU_DEFAULTS
 from agonlib.config import FIELD_NAMES, REPO_ROOT
 from agonlib.models import qwen3_06b_config
 
+def _load_script():
+    """scripts/gpu_check.py is a device script, not library code: load it from its path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO_ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = _load_script()
 QWEN3_4B = Qwen3Config(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
                        num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
 CONFIGS = REPO_ROOT / "experiments" / "configs"

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from agonlib import sandbox
-from agonlib.sandbox import STATS, extract_code, grade_code, outputs_match, run_program
+from agonlib.grading import code_grader as sandbox
+from agonlib.grading.code_grader import STATS, extract_code, grade_code, outputs_match, run_program
 
 PROT = sandbox.protections()
 LIMIT_S = 1.0

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from agonlib import verify
-from agonlib.verify import STATS, grade_math, grade_math_batch, score_math
+from agonlib.grading import math_grader as verify
+from agonlib.grading.math_grader import STATS, grade_math, grade_math_batch, score_math
 
 
 def box(answer: str) -> str:
@@ -193,7 +193,7 @@ def test_adversarial_math_returns_in_time(answer):
 
 def test_timeout_is_counted_and_logged(caplog):
     before = STATS.timeouts
-    with caplog.at_level("WARNING", logger="agonlib.verify"):
+    with caplog.at_level("WARNING", logger="agonlib.grading.math_grader"):
         assert grade_math("\\boxed{9^{9^{9^{9}}}}", "3", thinking=False, timeout_s=0.5) == 0
     assert STATS.timeouts == before + 1
     assert "timed out" in caplog.text
@@ -236,7 +236,7 @@ def test_missing_verifier_scores_zero_with_a_clear_error(monkeypatch, caplog):
     monkeypatch.setattr(verify, "_BOOT", "import sys; sys.modules['math_verify'] = None; "
                         + verify._BOOT)
     before = STATS.crashes
-    with caplog.at_level("ERROR", logger="agonlib.verify"):
+    with caplog.at_level("ERROR", logger="agonlib.grading.math_grader"):
         assert grade_math(box("4"), "4") == 0
     assert STATS.crashes == before + 1
     assert "pip install 'math-verify" in caplog.text

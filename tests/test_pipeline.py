@@ -5,9 +5,9 @@ import json
 import pytest
 
 import agonlib
-from agonlib import pipeline
+from agonlib.study import pipeline
 from agonlib.config import RUNS_DIR
-from agonlib.paths import FIGURES_DIR, OUT_DIR_ENV, RESULTS_DIR, output_paths
+from agonlib.study.paths import FIGURES_DIR, OUT_DIR_ENV, RESULTS_DIR, output_paths
 
 
 def test_output_paths_default_to_the_repo(monkeypatch):

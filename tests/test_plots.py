@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from agonlib import paper, pipeline, plots
-from agonlib.paths import output_paths
+from agonlib.study import paper, pipeline, plots
+from agonlib.study.paths import output_paths
 
 PROFILE = "synthetic"
 ALL = plots.LENGTH_FIGURES + plots.RESULTS_FIGURES

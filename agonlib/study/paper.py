@@ -62,7 +62,7 @@ def cell_of(run_name: str) -> str:
 
 def _interval(mine) -> tuple[float | None, float | None]:
     """95% interval of our value: across seeds (t) with two or more, else the one run's Wilson interval."""
-    from .evaluation import mean_interval
+    from ..evaluation import mean_interval
 
     if not len(mine):
         return None, None

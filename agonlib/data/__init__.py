@@ -13,12 +13,12 @@ Sources (``load_problems(source, split, n, seed, **kw)``):
 ====================  ==========  ================================================
 source                splits      what
 ====================  ==========  ================================================
-``synthetic``         train/test  offline arithmetic word problems (agonlib.synthetic)
+``synthetic``         train/test  offline arithmetic word problems (agonlib.data.synthetic)
 ``deepmath``          train/test  DeepMath-103K, ``difficulty >= 7``, self-checked golds
 ``math500``           test        MATH-500 (hub ``HuggingFaceH4/MATH-500``)
 ``gsm8k``             train/test  GSM8K, config ``main`` (hub ``openai/gsm8k``)
 ``aime2024``          test        AIME 2024 (hub ``HuggingFaceH4/aime_2024``)
-``codecontests``      train/test  CodeContests, streamed (agonlib.codecontests)
+``codecontests``      train/test  CodeContests, streamed (agonlib.data.codecontests)
 ``code_handwritten``  train/test  hand-written stdin/stdout problems (both: all)
 ====================  ==========  ================================================
 
@@ -41,9 +41,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, TypedDict
 
-from agonlib.code_problems import code_problems
-from agonlib.codecontests import load_code_contests
-from agonlib.hub import (  # noqa: F401  (DataLoadError is re-exported for callers)
+from .code_problems import code_problems
+from .codecontests import load_code_contests
+from .hub import (  # noqa: F401  (DataLoadError is re-exported for callers)
     DataLoadError,
     HubSource,
     answer_or_issue,
@@ -55,7 +55,7 @@ from agonlib.hub import (  # noqa: F401  (DataLoadError is re-exported for calle
     sample_rows,
     split_by_question,
 )
-from agonlib.synthetic import synthetic_problems, synthetic_split
+from .synthetic import synthetic_problems, synthetic_split
 
 
 class Problem(TypedDict):
@@ -86,7 +86,7 @@ AIME2024 = HubSource("HuggingFaceH4/aime_2024", "train", ("id", "problem", "answ
 
 def _default_self_check(golds: list[str]) -> list[bool]:
     """Grade ``\\boxed{gold}`` against ``gold`` with the project's math grader, in one batch."""
-    verify = importlib.import_module("agonlib.verify")  # lazy: the verifier spawns workers
+    verify = importlib.import_module("agonlib.grading.math_grader")  # lazy: the verifier spawns workers
     boxed = ["\\boxed{%s}" % gold for gold in golds]
     batch = getattr(verify, "grade_math_batch", None)
     if batch is not None:
@@ -117,7 +117,7 @@ def load_deepmath_hard(*, min_difficulty: float = 7.0, test_size: int = 500, see
     raising) are dropped and counted under ``stats["dropped/self_check_failed"]``:
     a gold the grader cannot read would make its problem unsolvable. The
     default (``None``) grades ``\\boxed{gold}`` against ``gold`` with
-    :func:`agonlib.verify.grade_math` (batched through ``grade_math_batch``
+    :func:`agonlib.grading.grade_math` (batched through ``grade_math_batch``
     when the verifier has it); ``self_check=False`` skips the check.
     Repeated questions are dropped (``dropped/duplicate_question``). The test
     set is ``test_size`` problems drawn with ``seed``; train is the rest, both

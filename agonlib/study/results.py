@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .config import REPO_ROOT, RUNS_DIR
-from .runs import read_jsonl, recorded_config
+from ..config import REPO_ROOT, RUNS_DIR
+from ..runs import read_jsonl, recorded_config
 
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 COLUMNS = ["run", "system", "pass@1", "pass@1_lo", "pass@1_hi", "pass@k", "mean_final_len", "tokens_per_problem",
@@ -80,7 +80,7 @@ def across_seeds(table):
     """
     import pandas as pd
 
-    from .evaluation import mean_interval
+    from ..evaluation import mean_interval
     from .paper import cell_of
 
     evaluated = table[table["pass@1"].notna()] if len(table) else table

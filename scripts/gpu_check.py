@@ -1,7 +1,7 @@
 """The device check of issue 8: two Agon steps per generation backend on one NVIDIA GPU, offline.
 
-    python -m agonlib.gpu_check OUT.json            # on the GPU machine, at most ~8 minutes
-    python -m agonlib.gpu_check OUT.json --dry-run  # anywhere: the same path on the tiny smoke model
+    python scripts/gpu_check.py OUT.json            # on the GPU machine, at most ~8 minutes
+    python scripts/gpu_check.py OUT.json --dry-run  # anywhere: the same path on the tiny smoke model
     scripts/gpu_check.sh [OUT.json]                 # the same, with the environment it needs
 
 What it does, with no network: builds a Qwen3-0.6B-shaped model with random
@@ -59,6 +59,16 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agonlib import game, load_config
+from agonlib.backends import VLLMBackend, gpu_setting, logprob_mismatch, select_backend
+from agonlib.grpo import _LOGSOFTMAX_CHUNK, completion_logprobs
+from agonlib.models import load_policies, pick_dtype, qwen3_06b_config, qwen3_tokenizer_dir
+from agonlib.prompts import draft_prompt, render
+from agonlib.rollouts import SamplingParams
+from agonlib.trainer import Trainer
+from agonlib.vllm_reference import REFERENCE_API, ReferenceEngine
 
 GIB = 2**30
 PERTURB_STD = 0.05  # both LoRA matrices: ΔW ≈ 2·(0.05²)·√16 ≈ 0.02 per entry, the scale of the base's init
@@ -96,8 +106,6 @@ def estimate_memory(config, hf_config, *, gpu_gib: float, gradient_checkpointing
     vLLM's share of the GPU (its own weight copy and KV cache inside it); 1 GiB
     of CUDA context and fragmentation.
     """
-    from .backends import gpu_setting
-    from .grpo import _LOGSOFTMAX_CHUNK
 
     ckpt = gpu_setting(config, "gradient_checkpointing") if gradient_checkpointing is None else gradient_checkpointing
     share = gpu_setting(config, "vllm_gpu_memory_utilization") if vllm_share is None else vllm_share
@@ -127,9 +135,7 @@ def estimate_memory(config, hf_config, *, gpu_gib: float, gradient_checkpointing
 
 def build_random_qwen3(path: Path, dtype: torch.dtype, seed: int = 0) -> Path:
     """A Qwen3-0.6B-shaped model with random weights and the real Qwen3 tokenizer, saved to ``path``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .models import qwen3_06b_config, qwen3_tokenizer_dir
 
     if (path / "config.json").exists():
         return path
@@ -180,7 +186,6 @@ def logprob_memory(policies, config, shapes: list[tuple[int, int]], prompt_token
     beside :func:`estimate_memory`'s terms for that shape (logits and their gradient, the float32
     chunks, activations). A shape whose estimate exceeds 2/3 of the free memory is not run.
     """
-    from .grpo import completion_logprobs
 
     hf_config = policies.model.get_base_model().config
     gen = torch.Generator().manual_seed(0)
@@ -234,13 +239,6 @@ def path_checks(policies, trainer, config, steps: list[dict], probes: list[dict]
 
 def run_backend(name: str, model: str, work: Path, *, dry_run: bool, steps: int, problems: int,
                 generations: int, max_new_tokens: int) -> dict:
-    from . import game, load_config
-    from .backends import VLLMBackend, logprob_mismatch, select_backend
-    from .models import load_policies
-    from .prompts import draft_prompt, render
-    from .rollouts import SamplingParams
-    from .trainer import Trainer
-    from .vllm_reference import REFERENCE_API, ReferenceEngine
 
     sizes = dict(model=model, dataset="synthetic", levels=[1, 2], steps=steps, problems_per_step=problems,
                  num_generations=generations, max_new_tokens=max_new_tokens, out_dir=str(work / f"run-{name}"),
@@ -323,7 +321,7 @@ def available_backends(dry_run: bool) -> dict[str, str | None]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agonlib.gpu_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", nargs="?", default="gpu_check.json", help="the JSON file to write")
     parser.add_argument("--dry-run", action="store_true", help="CPU: tiny smoke model, stand-in vLLM engine")
     parser.add_argument("--backends", default=None, help="comma-separated subset of transformers,vllm")
@@ -347,13 +345,12 @@ def main(argv=None) -> int:
         return 0
     if not dry and not torch.cuda.is_available():
         print("gpu_check needs an NVIDIA GPU, and torch sees no CUDA device here. "
-              "Run `python -m agonlib.gpu_check --dry-run` for the CPU wiring check.", file=sys.stderr)
+              "Run `python scripts/gpu_check.py --dry-run` for the CPU wiring check.", file=sys.stderr)
         return 2
 
     start = time.monotonic()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="agon-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    from .models import pick_dtype
 
     model = "tiny-qwen3" if dry else str(build_random_qwen3(work / "qwen3-0.6b-random",
                                                             pick_dtype("auto", torch.device("cuda"))))
@@ -371,7 +368,7 @@ def main(argv=None) -> int:
             continue
         part = work / f"{name}.json"
         part.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "agonlib.gpu_check", str(part), "--one", name, "--model", model,
+        cmd = [sys.executable, str(Path(__file__).resolve()), str(part), "--one", name, "--model", model,
                "--work-dir", str(work), "--steps", str(sizes["steps"]), "--problems", str(sizes["problems"]),
                "--generations", str(sizes["generations"]), "--max-new-tokens", str(sizes["max_new_tokens"])]
         cmd += ["--dry-run"] if dry else []

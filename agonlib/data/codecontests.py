@@ -24,7 +24,7 @@ import re
 from collections import Counter
 from typing import Iterable
 
-from agonlib.hub import HubSource, hub_rows, question_issue, report_counts
+from .hub import HubSource, hub_rows, question_issue, report_counts
 
 # revision "main": see the TODO on the hub constants in agonlib.data
 CODECONTESTS = HubSource(

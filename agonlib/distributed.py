@@ -24,7 +24,8 @@ the ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_*`` variables read her
   runs the periodic evaluation; the metrics row averages every rank's figures
   (tokens and losses summed, maxima maxed).
 
-Without the launcher's variables (``WORLD_SIZE`` unset or 1) nothing here runs.
+Without the launcher's variables (``WORLD_SIZE`` unset or 1) the trainer uses
+:class:`SingleProcess`: the same interface, doing nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +42,33 @@ SUMMED = ("tokens", "/tokens", "/loss", "prompts/truncated", "logprob_mismatch_t
 MAXED = ("len_max", "time/", "_s", "logprob_mismatch_abs_max")
 
 
+class SingleProcess:
+    """One process: the :class:`DataParallel` interface with nothing to synchronise."""
+
+    rank, world, is_main = 0, 1, True
+
+    def check(self, config) -> None:
+        pass
+
+    def shard(self, problems: list) -> tuple[list, int]:
+        return problems, 0
+
+    def any(self, flag) -> bool:
+        return bool(flag)
+
+    def sum_ints(self, *values: int) -> list[int]:
+        return [int(v) for v in values]
+
+    def sync_grads(self, params, finite: bool) -> bool:
+        return finite
+
+    def broadcast(self, policies, adapters) -> None:
+        pass
+
+    def reduce_metrics(self, row: dict) -> dict:
+        return row
+
+
 @dataclass
 class DataParallel:
     rank: int
@@ -49,12 +77,12 @@ class DataParallel:
 
     # -- set-up --------------------------------------------------------------
     @classmethod
-    def from_env(cls) -> "DataParallel | None":
-        """The launcher's process group, or None for a one-process run."""
+    def from_env(cls) -> "DataParallel | SingleProcess":
+        """The launcher's process group, or :class:`SingleProcess` for a one-process run."""
         if dist.is_available() and dist.is_initialized():
             return cls._current()
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-            return None
+            return SingleProcess()
         return cls.init(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
 
     @classmethod

@@ -39,7 +39,7 @@ import statistics
 from pathlib import Path
 
 from . import prompts
-from .game import grade
+from .agon import grade
 from .parsing import final_text
 from .rollouts import SamplingParams, generate, sample_seed
 from .runs import latest_adapters, load_run_config

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from . import prompts
 from .config import REPO_ROOT, Config
-from .game import grade, leaks
+from .agon import grade, leaks
 from .rollouts import SamplingParams, generate, sample_seed
 
 GATE_DIR = REPO_ROOT / "experiments" / "gate"

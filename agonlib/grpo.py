@@ -311,6 +311,23 @@ class GRPOBatch:
                 raise ValueError(f"{name} must be ({B}, {Tc}) like completion_mask; got {tuple(t.shape)}.")
 
 
+def build_batch(rollouts, advantages: torch.Tensor, pad_id: int, device) -> GRPOBatch:
+    """One role's rollouts as a :class:`GRPOBatch`: left-padded prompts, then right-padded completions."""
+    Tp = max(len(r.prompt_ids) for r in rollouts)
+    Tc = max(len(r.completion_ids) for r in rollouts)
+    B = len(rollouts)
+    input_ids = torch.full((B, Tp + Tc), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, Tp + Tc), dtype=torch.long)
+    for i, r in enumerate(rollouts):
+        p, c = len(r.prompt_ids), len(r.completion_ids)
+        input_ids[i, Tp - p : Tp] = torch.tensor(r.prompt_ids)
+        input_ids[i, Tp : Tp + c] = torch.tensor(r.completion_ids)
+        attention[i, Tp - p : Tp + c] = 1
+    return GRPOBatch(input_ids.to(device), attention.to(device), attention[:, Tp:].to(device),
+                     advantages.to(device))  # (B, Tp+Tc), (B, Tp+Tc), (B, Tc), (B,)
+
+
+
 @dataclass
 class UpdateConfig:
     """GRPO update settings; field names match `agonlib.config.Config` where they overlap."""

@@ -399,6 +399,15 @@ def memory_report_for_config(hf_config, config: Config) -> dict:
     return memory_report(peft_model)
 
 
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute each decoder layer's activations in the backward pass (``gradient_checkpointing``).
+
+    Non-reentrant: the frozen base needs no input gradients for the LoRA parameters to get theirs.
+    Generation runs in eval mode, where ``transformers`` does not checkpoint.
+    """
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 # --- the pair ------------------------------------------------------------------
 
 @dataclass

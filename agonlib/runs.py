@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import platform
+import shutil
 import sys
 from pathlib import Path
 
@@ -153,3 +154,21 @@ def latest_adapters(run_dir: Path) -> Path | None:
     """The adapters of a run's newest complete checkpoint (``None`` without one)."""
     ckpts = complete_checkpoints(run_dir)
     return ckpts[-1] / "adapters" if ckpts else None
+
+
+def write_checkpoint(run_dir: Path, step: int, state: dict, save_adapters) -> Path:
+    """``checkpoints/step-NNNNNN/``, atomically: ``save_adapters(dir)``, ``trainer_state.pt``, then the marker.
+
+    Written under a ``.tmp`` name and renamed: a kill leaves either the old state or the new one.
+    """
+    final = Path(run_dir) / "checkpoints" / f"step-{step:06d}"
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_adapters(tmp / "adapters")
+    torch.save(state, tmp / "trainer_state.pt")
+    (tmp / CHECKPOINT_DONE).write_text(f"step {step}\n")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final

@@ -189,9 +189,9 @@ def bench_rollout(args) -> dict:
 def _forced_step(policies, step_seed: int = 0) -> dict:
     """One training step of ``policies.config.mode`` with every completion at full length and non-zero advantages."""
     from agonlib.data import problems_for
-    from agonlib.game import play_round
+    from agonlib.agon import play_round
     from agonlib.grpo import UpdateConfig, completion_logprobs, grpo_update
-    from agonlib.trainer import build_batch
+    from agonlib.grpo import build_batch
 
     cfg = policies.config
     problems = problems_for(cfg, "train")[: cfg.problems_per_step]

@@ -61,7 +61,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agonlib import game, load_config
+from agonlib import agon, load_config
 from agonlib.backends import VLLMBackend, gpu_setting, logprob_mismatch, select_backend
 from agonlib.grpo import _LOGSOFTMAX_CHUNK, completion_logprobs
 from agonlib.models import load_policies, pick_dtype, qwen3_06b_config, qwen3_tokenizer_dir
@@ -255,7 +255,7 @@ def run_backend(name: str, model: str, work: Path, *, dry_run: bool, steps: int,
     result.update(engine=getattr(backend, "engine_kind", name), load_s=time.perf_counter() - start,
                   base_loader=policies.backend, dtype=str(policies.dtype), device=str(policies.device))
     trainer = Trainer(config, policies=policies, backend=backend, dp=None, progress=False)
-    game.grade = varied_grade  # this process runs the check only: every step then updates both adapters
+    agon.grade = varied_grade  # this process runs the check only: every step then updates both adapters
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     for step in range(1, steps + 1):

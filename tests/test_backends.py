@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 import agonlib
-from agonlib import backends, game
+from agonlib import agon, backends
 from agonlib.backends import BackendError, TransformersBackend, VLLMBackend, logprob_mismatch, select_backend
 from agonlib.vllm_reference import REFERENCE_API, ReferenceEngine
 from agonlib.rollouts import SamplingParams
@@ -341,7 +341,7 @@ def _hash_grade(rollouts, problems, config):
 def test_trainer_step_is_the_same_through_either_backend(policies, engine, tmp_path, monkeypatch):
     from agonlib.trainer import Trainer
 
-    monkeypatch.setattr(game, "grade", _hash_grade)
+    monkeypatch.setattr(agon, "grade", _hash_grade)
     cfg = agonlib.load_config("smoke", device="cpu", dtype="float32", out_dir=str(tmp_path / "run"),
                               max_new_tokens=6, num_generations=4, problems_per_step=2)
     start = {n: p.detach().clone() for n, p in policies.model.named_parameters()}
@@ -365,7 +365,7 @@ def test_trainer_step_is_the_same_through_either_backend(policies, engine, tmp_p
 def test_gradient_checkpointing_keeps_the_gradients():
     from agonlib.grpo import completion_logprobs
     from agonlib.models import load_policies
-    from agonlib.trainer import enable_gradient_checkpointing
+    from agonlib.models import enable_gradient_checkpointing
 
     pol = load_policies(agonlib.load_config("smoke", device="cpu", dtype="float32"))
     ids = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))

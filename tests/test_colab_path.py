@@ -19,8 +19,7 @@ import pytest
 import torch
 
 import agonlib.models as models
-import agonlib.trainer as trainer_module
-from agonlib import game, load_config, load_policies
+from agonlib import agon, load_config, load_policies
 from agonlib.config import REPO_ROOT
 from agonlib.models import load_base, pick_dtype
 from agonlib.trainer import Trainer
@@ -146,10 +145,10 @@ def test_fp16_trains_with_one_grad_scaler_per_adapter_and_checkpoints_it(tmp_pat
     trainer = Trainer(config, progress=False, dp=None)
     assert set(trainer.scalers) == {"A", "B"} and trainer.scalers["A"] is not trainer.scalers["B"]
     # A grader that varies within groups (the random model never answers right), so both roles update.
-    monkeypatch.setattr(game, "grade", lambda rollouts, problems, cfg: [i % 2 for i in range(len(rollouts))])
+    monkeypatch.setattr(agon, "grade", lambda rollouts, problems, cfg: [i % 2 for i in range(len(rollouts))])
     seen = []
-    real_update = trainer_module.grpo_update
-    monkeypatch.setattr(trainer_module, "grpo_update",
+    real_update = agon.grpo_update
+    monkeypatch.setattr(agon, "grpo_update",
                         lambda *args, scaler=None, **kwargs: seen.append(scaler) or real_update(*args, scaler=scaler,
                                                                                                **kwargs))
     row, rnd = trainer.train_step(1)

@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 import agonlib
-from agonlib.distributed import DataParallel
+from agonlib.distributed import DataParallel, SingleProcess
 
 STEP = dict(device="cpu", dtype="float32", max_new_tokens=6, num_generations=2, problems_per_step=4, steps=1)
 
@@ -32,10 +32,10 @@ def _worker(rank, world, init_file, out_dir):
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from agonlib import game
+    from agonlib import agon
     from agonlib.trainer import Trainer
 
-    game.grade = _hash_grade
+    agon.grade = _hash_grade
     dp = DataParallel.init(rank, world, init_method=f"file://{init_file}")
     trainer = Trainer(agonlib.load_config("smoke", out_dir=f"{out_dir}/run", **STEP), dp=dp, progress=False)
     row, rnd = trainer.train_step(1)
@@ -56,17 +56,17 @@ def two_ranks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    from agonlib import game
+    from agonlib import agon
     from agonlib.models import load_policies
     from agonlib.trainer import Trainer
 
     cfg = agonlib.load_config("smoke", out_dir=str(tmp_path_factory.mktemp("single") / "run"), **STEP)
     policies = load_policies(cfg)
-    saved, game.grade = game.grade, _hash_grade
+    saved, agon.grade = agon.grade, _hash_grade
     try:
         row, rnd = Trainer(cfg, policies=policies, dp=None, progress=False).train_step(1)
     finally:
-        game.grade = saved
+        agon.grade = saved
     start = _lora(load_policies(cfg))
     return {"row": row, "lora": _lora(policies), "start": start, "seeds": [r.seed for r in rnd.drafts]}
 
@@ -106,4 +106,4 @@ def test_shard_is_contiguous_with_offsets(rank, expected):
 
 def test_one_process_without_launcher(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    assert DataParallel.from_env() is None
+    assert isinstance(DataParallel.from_env(), SingleProcess)

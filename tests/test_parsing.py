@@ -127,7 +127,7 @@ UNBOXED = [
     # a negative result after the last =
     ("2 - 5 = -3, below zero", f"2 - 5 = {M}, below zero"),
     # a complete box earlier and an unclosed one later: the box's answer is masked, the tail dropped
-    ("First 2 + 2 = \\boxed{4}. Wait, 2 + 3 = \\boxed{5", f"First 2 + 2 = . Wait, 2 + 3 ="),
+    ("First 2 + 2 = \\boxed{4}. Wait, 2 + 3 = \\boxed{5", "First 2 + 2 = . Wait, 2 + 3 ="),
 ]
 
 

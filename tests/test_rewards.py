@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from agonlib.rewards import (
+from agonlib.agon import (
     RewardParts,
     challenger_group_rewards,
     challenger_reward,
@@ -13,9 +13,9 @@ from agonlib.rewards import (
     drafter_group_rewards,
     drafter_reward,
     grpo_reward,
-    pair_stats,
     totals,
 )
+from agonlib.metrics import pair_stats
 
 # (c_b, c_a, len_b, len_a, lambda_conv, lambda_len, (correct, conversion, tiebreak, total))
 COMPETITIVE_CASES = [

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import agonlib
-from agonlib import game, prompts
-from agonlib.runs import CheckpointError
-from agonlib.trainer import Trainer, build_batch, problems_at, train
+from agonlib import agon, prompts
+from agonlib.runs import CheckpointError, complete_checkpoints
+from agonlib.grpo import build_batch
+from agonlib.trainer import Trainer, problems_at, train
 
 
 def _hash_grade(rollouts, problems, config):
@@ -23,7 +24,7 @@ def _hash_grade(rollouts, problems, config):
 
 @pytest.fixture
 def hashed_grader(monkeypatch):
-    monkeypatch.setattr(game, "grade", _hash_grade)
+    monkeypatch.setattr(agon, "grade", _hash_grade)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ ROLE_CASES = [
 
 @pytest.mark.parametrize("step,roles,mode,expected", ROLE_CASES)
 def test_role_schedule(step, roles, mode, expected):
-    assert game.roles_for_step(step, roles, mode) == expected
+    assert agon.roles_for_step(step, roles, mode) == expected
 
 
 def test_problems_at_is_a_seeded_epoch_shuffle():
@@ -83,7 +84,7 @@ def test_problems_at_is_a_seeded_epoch_shuffle():
 def test_exchange_false_hides_the_summary(tiny, hashed_grader, tmp_path):
     cfg = _cfg(tmp_path, exchange=False)
     problems = agonlib.data.load_problems("synthetic", "train", n=2, levels=(1,))
-    rnd = game.play_round(tiny, problems, 1, cfg, progress=False)
+    rnd = agon.play_round(tiny, problems, 1, cfg, progress=False)
     for draft, challenge in zip(rnd.drafts, rnd.challenges):
         assert challenge.prompt_ids == draft.prompt_ids  # the challenger's prompt is the drafter's
 
@@ -91,7 +92,7 @@ def test_exchange_false_hides_the_summary(tiny, hashed_grader, tmp_path):
 def test_exchange_true_shows_exactly_the_summary(tiny, hashed_grader, tmp_path):
     cfg = _cfg(tmp_path, exchange=True)
     problems = agonlib.data.load_problems("synthetic", "train", n=2, levels=(1,))
-    rnd = game.play_round(tiny, problems, 1, cfg, progress=False)
+    rnd = agon.play_round(tiny, problems, 1, cfg, progress=False)
     G = rnd.group_size
     for i, (draft, challenge) in enumerate(zip(rnd.drafts, rnd.challenges)):
         expected = prompts.render(tiny.tokenizer,
@@ -104,7 +105,7 @@ def test_exchange_true_shows_exactly_the_summary(tiny, hashed_grader, tmp_path):
 def test_competitive_rewards_follow_the_grades(tiny, hashed_grader, tmp_path):
     cfg = _cfg(tmp_path, lambda_conv=1.0)
     problems = agonlib.data.load_problems("synthetic", "train", n=2, levels=(1,))
-    rnd = game.play_round(tiny, problems, 1, cfg, progress=False)
+    rnd = agon.play_round(tiny, problems, 1, cfg, progress=False)
     for c_a, c_b, r in zip(rnd.c_draft, rnd.c_challenge, rnd.r_challenge):
         assert r.total == c_b + c_b * (1 - c_a)
 
@@ -163,7 +164,7 @@ def test_partial_and_corrupt_checkpoints(tiny, hashed_grader, tmp_path):
     # A partial checkpoint (killed mid-write: no COMPLETE marker) is ignored.
     (ckpts / "step-000003.tmp").mkdir()
     trainer = Trainer(cfg.replace(resume=True, steps=2), policies=tiny, progress=False)
-    assert [p.name for p in trainer.checkpoints()] == ["step-000001", "step-000002"]
+    assert [p.name for p in complete_checkpoints(run_dir)] == ["step-000001", "step-000002"]
     # A corrupt complete checkpoint: a clear error that names it and the older one.
     (ckpts / "step-000002" / "trainer_state.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="step-000002.*step-000001"):
@@ -216,7 +217,7 @@ def _drafts_only_grader():
     ("fixed", ["A", "A"], False),
 ])
 def test_trainer_rotates_roles(tiny, monkeypatch, tmp_path, roles, drafters, b_changes_at_step_2):
-    monkeypatch.setattr(game, "grade", _drafts_only_grader())
+    monkeypatch.setattr(agon, "grade", _drafts_only_grader())
     trainer = Trainer(_cfg(tmp_path, steps=2, roles=roles), policies=tiny, progress=False)
     before = _snapshot(tiny)
     row1, _ = trainer.train_step(1)
@@ -256,8 +257,8 @@ def test_game_masks_boxed_drafts_and_pays_the_length_tiebreak(tiny, monkeypatch,
     problems = [{"id": 0, "question": "Ann has 4 apples and gets 5 more. How many?", "answer": "9"}]
     draft = "Ann has 4 apples and gets 5, so 4 + 5 = 9 apples. She has 9 apples.\n\\boxed{9}"
     backend = BoxedBackend(draft, "9 apples \\boxed{9}")
-    monkeypatch.setattr(game, "grade", lambda rollouts, probs, config: [int(r.answer == "9") for r in rollouts])
-    rnd = game.play_round(tiny, problems, 1, cfg, progress=False, backend=backend)
+    monkeypatch.setattr(agon, "grade", lambda rollouts, probs, config: [int(r.answer == "9") for r in rollouts])
+    rnd = agon.play_round(tiny, problems, 1, cfg, progress=False, backend=backend)
     challenge_prompts = backend.calls[1]["prompts"]
     assert backend.calls[1]["cap"] == 9 and backend.calls[0]["cap"] == cfg.max_new_tokens  # per-role caps
     for text in challenge_prompts:

@@ -25,7 +25,7 @@ import torch
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: `make test-vllm` runs this module in .venv-vllm")
 
 import agonlib  # noqa: E402
-from agonlib import game  # noqa: E402
+from agonlib import agon  # noqa: E402
 from agonlib.backends import VLLMBackend, logprob_mismatch  # noqa: E402
 from agonlib.rollouts import SamplingParams, generate  # noqa: E402
 
@@ -184,7 +184,7 @@ def _hash_grade(rollouts, problems, config):
 
 
 def test_a_smoke_agon_step_through_vllm(trainer, monkeypatch):
-    monkeypatch.setattr(game, "grade", _hash_grade)
+    monkeypatch.setattr(agon, "grade", _hash_grade)
     policies = trainer.policies
     _perturb(policies, "A", 11)
     _perturb(policies, "B", 12)

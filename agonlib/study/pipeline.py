@@ -357,7 +357,7 @@ def print_round(rnd, config: Config) -> None:
 def show_round(policies, config: Config, *, problems: int = 2, generations: int = 2, progress: bool = False):
     """Play one draft → summary → challenge round on training problems and print it; returns the round."""
     from ..data import problems_for
-    from ..game import play_round
+    from ..agon import play_round
 
     config = config.replace(problems_per_step=problems, num_generations=generations)
     picked = problems_for(config, "train")[:problems]

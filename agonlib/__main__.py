@@ -18,8 +18,17 @@ import logging
 import sys
 from pathlib import Path
 
+from . import prompts
 from .config import ConfigError, load_config, parse_override
+from .evaluation import evaluate
+from .gate import format_gate, gate_path, run_gate, write_gate
+from .models import AssetError, load_policies
+from .rollouts import generate, sample_seed
+from .runs import CheckpointError, latest_adapters, load_run_config
+from .study.pipeline import show_round
 from .study.pipeline import text_block as _block
+from .study.reproduce import main as reproduce_main
+from .trainer import train
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -35,9 +44,6 @@ def _load(args) -> object:
 
 
 def cmd_round(args) -> int:
-    from .models import load_policies
-    from .study.pipeline import show_round
-
     config = _load(args)
     print(f"Loading {config.model} (profile {config.profile}) …", flush=True)
     policies = load_policies(config)
@@ -51,8 +57,6 @@ def cmd_round(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    from .gate import format_gate, gate_path, run_gate, write_gate
-
     config = _load(args)
     path = write_gate(run_gate(config, progress=True), Path(args.out) if args.out else gate_path(config.profile))
     result = json.loads(path.read_text())
@@ -62,8 +66,6 @@ def cmd_gate(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .trainer import train
-
     config = _load(args)
     if args.resume:
         config = config.replace(resume=True)
@@ -74,7 +76,6 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
 
-    from .evaluation import evaluate
 
     target = args.target
     if not Path(target).is_dir():  # a profile or YAML: evaluate that config's untrained policies
@@ -93,9 +94,6 @@ def cmd_eval(args) -> int:
 
 def cmd_solve(args) -> int:
 
-    from .runs import latest_adapters, load_run_config
-    from .models import load_policies
-    from .rollouts import generate, sample_seed
 
     run_dir = Path(args.run)
     config = load_run_config(run_dir)
@@ -107,7 +105,6 @@ def cmd_solve(args) -> int:
     policies = load_policies(config)
     for name in ("A", "B"):
         policies.load_adapter(name, adapters)
-    from . import prompts
 
     first, second = args.order[0], args.order[1]
     render = lambda m: prompts.render(policies.tokenizer, m, config.thinking)  # noqa: E731
@@ -123,8 +120,6 @@ def cmd_solve(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from .study.reproduce import main as reproduce_main
-
     return reproduce_main(args)
 
 
@@ -193,8 +188,6 @@ def main(argv: list[str] | None = None) -> int:
     p_repro.set_defaults(func=cmd_reproduce)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from .models import AssetError
-    from .runs import CheckpointError
 
     try:
         return args.func(args)

@@ -61,6 +61,7 @@ call and passes the engine a single ``lora_request``, never a list.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import logging
@@ -74,20 +75,14 @@ from types import SimpleNamespace
 
 import torch
 
+from .grpo import build_batch, completion_logprobs
+from .models import SMOLLM2, TINY_QWEN3, data_parallel_world, gpu_setting, vllm_lora_rank
 from .parsing import split_completion
 from .rollouts import GenerationStats, Rollout, SamplingParams, generate
 
 log = logging.getLogger(__name__)
 
 GENERATION_BACKENDS = ("auto", "transformers", "vllm")
-# Config keys proposed for agonlib.config.Config in issue 8, with the defaults that keep
-# today's behaviour; read through gpu_setting() so this module works before and after.
-GPU_DEFAULTS = {
-    "generation_backend": "auto",  # auto | transformers | vllm
-    "gradient_checkpointing": False,  # recompute activations in the backward pass (long traces)
-    "vllm_gpu_memory_utilization": 0.45,  # share of GPU memory a vLLM engine may take
-}
-VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # max_lora_rank values vLLM accepts
 KEEP_VERSIONS = 2  # adapter directories kept per adapter
 VLLM_VERSION = "0.32.0"  # the release both builds were checked with; 0.33.0 needs torch 2.14
 # How to get vLLM, for the messages: the GPU build must be installed before unsloth is first
@@ -105,11 +100,6 @@ VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING":
 
 class BackendError(RuntimeError):
     """A generation backend that cannot run here; the message says why and what to use instead."""
-
-
-def gpu_setting(config, key: str):
-    """``config.<key>``, or its issue-8 default while :class:`~agonlib.config.Config` lacks the key."""
-    return getattr(config, key, GPU_DEFAULTS[key])
 
 
 # --- the transformers path -------------------------------------------------------
@@ -146,14 +136,6 @@ def fingerprint(params) -> torch.Tensor:
     return torch.stack(parts).cpu()
 
 
-def vllm_lora_rank(r: int) -> int:
-    """The smallest ``max_lora_rank`` vLLM accepts that holds rank ``r``."""
-    for rank in VLLM_LORA_RANKS:
-        if rank >= r:
-            return rank
-    raise BackendError(f"lora_r={r} exceeds vLLM's largest LoRA rank {VLLM_LORA_RANKS[-1]}; lower lora_r.")
-
-
 def _vllm_api():
     from vllm import SamplingParams as VLLMSamplingParams
     from vllm.lora.request import LoRARequest
@@ -182,19 +164,8 @@ def vllm_build() -> str | None:
         return "gpu"
 
 
-def data_parallel_world() -> int:
-    """Processes in this run's data parallelism: the initialised process group's size, else ``WORLD_SIZE``."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
-
-
 def vllm_problem(policies) -> str | None:
     """Why the vLLM backend cannot run with these policies (one sentence), or None when it can."""
-    from .models import SMOLLM2, TINY_QWEN3
-
     world = data_parallel_world()
     if world > 1:
         return (f"generation_backend=vllm is refused under data parallelism ({world} processes): vLLM's engine "
@@ -217,27 +188,12 @@ def vllm_problem(policies) -> str | None:
     return None
 
 
-def unsloth_vllm_kwargs(config) -> dict:
-    """Extra ``FastLanguageModel.from_pretrained`` arguments for a vLLM engine sharing the weights.
-
-    ``{}`` when rollouts go through transformers or vLLM is not installed.
-    ``max_loras`` reaches Unsloth's ``load_vllm`` through ``**kwargs`` (its
-    default, 1, would swap ``A`` and ``B`` in and out of one slot).
-    """
-    if gpu_setting(config, "generation_backend") == "transformers" or importlib.util.find_spec("vllm") is None:
-        return {}
-    return dict(fast_inference=True, max_loras=2, max_lora_rank=vllm_lora_rank(config.lora_r),
-                gpu_memory_utilization=gpu_setting(config, "vllm_gpu_memory_utilization"))
-
-
 def standalone_engine(config, dtype: torch.dtype, device: torch.device | None = None):
     """A ``vllm.LLM`` with room for both adapters, seeded from the run seed.
 
     On CPU (``device``, default the config's) the :data:`VLLM_CPU_ENV` defaults
     apply unless the environment already sets them.
     """
-    import dataclasses
-
     if (device or torch.device("cuda" if config.device == "cuda" else "cpu")).type == "cpu":
         for key, value in VLLM_CPU_ENV.items():
             os.environ.setdefault(key, value)  # vLLM reads its environment when the engine starts
@@ -432,9 +388,6 @@ def logprob_mismatch(policies, adapter: str, rollouts: list[Rollout], temperatur
     top-p reads higher by ``−log(kept mass)``: a positive ``mean``). A stale or
     wrong adapter shows as an ``abs_mean`` far above the dtype's rounding.
     """
-    from .grpo import completion_logprobs
-    from .grpo import build_batch
-
     have = [r for r in rollouts if "gen_logprobs" in r.extra and r.length > 0][:max_sequences]
     if not have:
         return {}

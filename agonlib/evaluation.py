@@ -40,6 +40,9 @@ from pathlib import Path
 
 from . import prompts
 from .agon import grade
+from .config import RUNS_DIR, Config
+from .data import problems_for
+from .models import load_policies
 from .parsing import final_text
 from .rollouts import SamplingParams, generate, sample_seed
 from .runs import latest_adapters, load_run_config
@@ -281,10 +284,6 @@ def evaluate(run_dir_or_config, systems=None, *, n_problems: int | None = None, 
     adapters) to ``experiments/runs/<profile>/untrained/`` unless it names an
     ``out_dir``. Systems already in the file and not re-evaluated are kept.
     """
-    from .config import RUNS_DIR, Config
-    from .data import problems_for
-    from .models import load_policies
-
     adapters = None
     if isinstance(run_dir_or_config, Config):
         config = run_dir_or_config

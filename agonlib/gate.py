@@ -29,8 +29,10 @@ import time
 from pathlib import Path
 
 from . import prompts
-from .config import REPO_ROOT, Config
 from .agon import grade, leaks
+from .config import REPO_ROOT, Config
+from .data import problems_for
+from .models import load_policies
 from .rollouts import SamplingParams, generate, sample_seed
 
 GATE_DIR = REPO_ROOT / "experiments" / "gate"
@@ -83,9 +85,6 @@ def verdict(result: dict) -> list[str]:
 
 def run_gate(config: Config, policies=None, *, progress: bool = True, examples: int = 3) -> dict:
     """Play the gate's pairs and return its measurements (see the module docstring)."""
-    from .data import problems_for
-    from .models import load_policies
-
     start = time.perf_counter()
     policies = policies or load_policies(config)
     tok, task, thinking, G = policies.tokenizer, config.task, config.thinking, config.num_generations

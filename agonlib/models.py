@@ -30,11 +30,17 @@ import contextlib
 import importlib.util
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from .config import Config
 
@@ -99,12 +105,55 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if cpu_bf16 else torch.float32
 
 
+# --- loading the base for vLLM rollouts (Unsloth's shared engine) ---------------------------
+
+# Config keys proposed for agonlib.config.Config in issue 8, with the defaults that keep
+# today's behaviour; read through gpu_setting() so this module works before and after.
+GPU_DEFAULTS = {
+    "generation_backend": "auto",  # auto | transformers | vllm
+    "gradient_checkpointing": False,  # recompute activations in the backward pass (long traces)
+    "vllm_gpu_memory_utilization": 0.45,  # share of GPU memory a vLLM engine may take
+}
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # max_lora_rank values vLLM accepts
+
+
+def gpu_setting(config, key: str):
+    """``config.<key>``, or its issue-8 default while :class:`~agonlib.config.Config` lacks the key."""
+    return getattr(config, key, GPU_DEFAULTS[key])
+
+
+def vllm_lora_rank(r: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds rank ``r``."""
+    for rank in VLLM_LORA_RANKS:
+        if rank >= r:
+            return rank
+    raise ValueError(f"lora_r={r} exceeds vLLM's largest LoRA rank {VLLM_LORA_RANKS[-1]}; lower lora_r.")
+
+
+def data_parallel_world() -> int:
+    """Processes in this run's data parallelism: the initialised process group's size, else ``WORLD_SIZE``."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def unsloth_vllm_kwargs(config) -> dict:
+    """Extra ``FastLanguageModel.from_pretrained`` arguments for a vLLM engine sharing the weights.
+
+    ``{}`` when rollouts go through transformers or vLLM is not installed.
+    ``max_loras`` reaches Unsloth's ``load_vllm`` through ``**kwargs`` (its
+    default, 1, would swap ``A`` and ``B`` in and out of one slot).
+    """
+    if gpu_setting(config, "generation_backend") == "transformers" or importlib.util.find_spec("vllm") is None:
+        return {}
+    return dict(fast_inference=True, max_loras=2, max_lora_rank=vllm_lora_rank(config.lora_r),
+                gpu_memory_utilization=gpu_setting(config, "vllm_gpu_memory_utilization"))
+
+
 # --- base model sources ------------------------------------------------------
 
 def _load_gguf(path: Path, dtype: torch.dtype):
     """Dequantise a GGUF once; later loads read the cached safetensors (seconds, not a minute)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if not path.exists():
         raise AssetError(f"GGUF file {path} does not exist.")
     cached = cache_dir() / "gguf" / f"{path.stem}-{path.stat().st_size}"
@@ -122,15 +171,12 @@ def _load_gguf(path: Path, dtype: torch.dtype):
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     if cached.exists():
-        import shutil
         shutil.rmtree(cached)
     tmp.rename(cached)  # atomic: a killed first load never leaves a half cache
     return model.to(dtype), tokenizer
 
 
 def tiny_qwen3_config(vocab_size: int, hidden_size: int = 64, layers: int = 2):
-    from transformers import Qwen3Config
-
     heads = max(2, hidden_size // 16)
     return Qwen3Config(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
@@ -141,8 +187,6 @@ def tiny_qwen3_config(vocab_size: int, hidden_size: int = 64, layers: int = 2):
 
 def qwen3_06b_config():
     """Qwen3-0.6B's shape (from its published config.json), for weight-free reports."""
-    from transformers import Qwen3Config
-
     return Qwen3Config(
         vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
         num_attention_heads=16, num_key_value_heads=8, head_dim=128,
@@ -151,8 +195,6 @@ def qwen3_06b_config():
 
 
 def _load_tiny_qwen3(config: Config, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir())
     hf_config = tiny_qwen3_config(len(tokenizer), config.tiny_hidden_size, config.tiny_layers)
     with torch.random.fork_rng(devices=[]):
@@ -162,8 +204,6 @@ def _load_tiny_qwen3(config: Config, dtype: torch.dtype):
 
 
 def _load_pretrained(source: str, dtype: torch.dtype, device: torch.device):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     local = Path(source).expanduser()
     if not local.exists() and (source.startswith((".", "/", "~")) or source.count("/") != 1):
         raise AssetError(f"Model {source!r} is neither an existing path nor a hub id like 'Qwen/Qwen3-0.6B'.")
@@ -179,7 +219,6 @@ def _load_pretrained(source: str, dtype: torch.dtype, device: torch.device):
 def _load_unsloth(source: str, config: Config, dtype: torch.dtype):
     from unsloth import FastLanguageModel  # optional extra `gpu`
 
-    from .backends import unsloth_vllm_kwargs
 
     model, tokenizer = FastLanguageModel.from_pretrained(
         source, max_seq_length=config.max_prompt_tokens + config.max_new_tokens, dtype=dtype,
@@ -190,7 +229,6 @@ def _load_unsloth(source: str, config: Config, dtype: torch.dtype):
 
 def rollouts_through_vllm(config: Config) -> bool:
     """Whether the base, loaded through Unsloth, would get Unsloth's shared vLLM engine for rollouts."""
-    from .backends import data_parallel_world, unsloth_vllm_kwargs
 
     # Under data parallelism the vLLM backend is refused (agonlib.backends.vllm_problem).
     return bool(unsloth_vllm_kwargs(config)) and data_parallel_world() == 1
@@ -297,8 +335,6 @@ def lora_targets(model, targets="all-linear") -> list[str]:
 
 def attach_adapters(model, config: Config, adapters: tuple[str, ...] = ADAPTERS):
     """Wrap ``model`` with adapters ``A`` (standard init) and ``B`` (Gaussian init), or only those in ``adapters``."""
-    from peft import LoraConfig, get_peft_model
-
     lora = LoraConfig(
         r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
         target_modules=lora_targets(model, config.lora_targets), bias="none", task_type="CAUSAL_LM",
@@ -366,8 +402,6 @@ def adapter_divergence(model, first: str = "A", second: str = "B") -> dict:
     ``rel = ‖ΔW_A − ΔW_B‖_F / (‖ΔW_A‖_F + ‖ΔW_B‖_F)``: 0 for identical updates,
     1 when one of them is zero (``A`` at init) or they point opposite ways.
     """
-    from peft.tuners.lora import LoraLayer
-
     per_layer = {}
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer) and first in module.lora_A and second in module.lora_A:
@@ -391,8 +425,6 @@ def memory_report(model) -> dict:
 
 def memory_report_for_config(hf_config, config: Config) -> dict:
     """The same report for a model built from its config alone, on the meta device (no weights)."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
         peft_model = attach_adapters(model, config)
@@ -438,9 +470,6 @@ class Policies:
 
     def load_adapter(self, name: str, directory: str | Path) -> None:
         """Load weights saved by :meth:`save_adapter` into the existing adapter ``name``."""
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
         path = Path(directory) / name / "adapter_model.safetensors"
         if not path.exists():
             raise FileNotFoundError(f"No saved adapter {name!r} at {path}.")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from . import decode
 from .parsing import final_text, last_boxed, split_completion
 
 log = logging.getLogger(__name__)
@@ -408,8 +409,6 @@ def prompt_layout(ids: list[list[int]], pad_id: int, device) -> tuple[dict, Shar
 
 def fast_decoder(policies, adapter: str | None):
     """A :class:`agonlib.decode.FastDecoder` for ``adapter``, or ``None`` where the config or model rules it out."""
-    from . import decode
-
     if adapter is not None and adapter not in getattr(policies.model, "peft_config", {adapter: None}):
         raise ValueError(f"No adapter {adapter!r}; adapters are {', '.join(policies.model.peft_config)} (or None for the base).")
     choice = policies.config.decoder

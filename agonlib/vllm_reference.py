@@ -17,8 +17,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from peft import set_peft_model_state_dict
+from safetensors.torch import load_file
 
-from .rollouts import SamplingParams
+from .grpo import completion_logprobs
+from .models import load_policies
+from .rollouts import SamplingParams, fast_decoder, sample_batch, sample_fast
+
 
 @dataclass(frozen=True)
 class RefSamplingParams:
@@ -65,8 +70,6 @@ class ReferenceEngine:
     logprobs_mode = "raw_logprobs"
 
     def __init__(self, config):
-        from .models import load_policies
-
         self.policies = load_policies(config)
         self.cached: dict[int, str] = {}  # lora_int_id -> path, like vLLM's adapter cache
         self.slot_id = None
@@ -79,9 +82,6 @@ class ReferenceEngine:
         self.slot_id = None
 
     def _load(self, request) -> None:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
         if self.cached.setdefault(request.lora_int_id, request.lora_path) != request.lora_path:
             raise ValueError(f"lora_int_id {request.lora_int_id} reused for another path: vLLM would serve stale weights.")
         if self.slot_id == request.lora_int_id:
@@ -96,9 +96,6 @@ class ReferenceEngine:
 
     @torch.no_grad()
     def generate(self, requests, sampling_params, lora_request=None, use_tqdm=False):
-        from .grpo import completion_logprobs
-        from .rollouts import fast_decoder, sample_batch, sample_fast
-
         self.calls.append((lora_request, list(sampling_params)))
         if lora_request is not None:
             self._load(lora_request)

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 import agonlib
-from agonlib import agon, backends
+from agonlib import agon, backends, models
 from agonlib.backends import BackendError, TransformersBackend, VLLMBackend, logprob_mismatch, select_backend
 from agonlib.vllm_reference import REFERENCE_API, ReferenceEngine
 from agonlib.rollouts import SamplingParams
@@ -403,8 +403,8 @@ def test_unsloth_vllm_kwargs(monkeypatch):
     cfg = agonlib.load_config("colab")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "vllm" else real(n, *a))
-    assert backends.unsloth_vllm_kwargs(cfg) == dict(fast_inference=True, max_loras=2, max_lora_rank=16,
+    assert models.unsloth_vllm_kwargs(cfg) == dict(fast_inference=True, max_loras=2, max_lora_rank=16,
                                                      gpu_memory_utilization=0.45)
-    assert backends.unsloth_vllm_kwargs(SimpleNamespace(generation_backend="transformers", lora_r=16)) == {}
+    assert models.unsloth_vllm_kwargs(SimpleNamespace(generation_backend="transformers", lora_r=16)) == {}
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
-    assert backends.unsloth_vllm_kwargs(cfg) == {}
+    assert models.unsloth_vllm_kwargs(cfg) == {}

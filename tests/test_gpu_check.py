@@ -16,7 +16,7 @@ from transformers import Qwen3Config
 
 import agonlib
 from agonlib import grpo
-from agonlib.backends import GPU_DEFAULTS
+from agonlib.models import GPU_DEFAULTS
 from agonlib.config import FIELD_NAMES, REPO_ROOT
 from agonlib.models import qwen3_06b_config
 

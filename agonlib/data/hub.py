@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+import datasets
+
 log = logging.getLogger(__name__)
 
 
@@ -136,14 +138,6 @@ def split_by_question(rows: list[dict], test_size: int, seed: int = 0) -> tuple[
 # --- reading hub data ---------------------------------------------------------------
 
 
-def _import_datasets():
-    try:
-        import datasets
-    except ImportError as err:  # pragma: no cover - datasets is a core dependency
-        raise ImportError("Hub data sets need the `datasets` package: pip install 'datasets>=4.7,<5'.") from err
-    return datasets
-
-
 def _builder_for(data_files) -> str:
     first = data_files
     while isinstance(first, (dict, list, tuple)):
@@ -174,7 +168,6 @@ def hub_rows(source: HubSource, *, split: str | None = None, data_files=None, re
     DeepMath's R1 traces (~2 GB) are never fetched. Local ``data_files`` are
     always streamed (nothing is written to the datasets cache).
     """
-    datasets = _import_datasets()
     split = split or source.split
     where = str(data_files) if data_files is not None else f"{source.repo_id}@{revision or source.revision}"
     try:

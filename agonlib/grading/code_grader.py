@@ -59,8 +59,8 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..parsing import final_text
 from .math_grader import GradeStats

@@ -6,7 +6,13 @@ imports nothing of agonlib). ``CONFIG`` (JSON) says which namespaces, mounts and
 up; then it drops to a fresh uid and execs the program. Exits with ``SANDBOX_ERROR`` (125) and
 an ``agon-sandbox:`` message when it cannot build the sandbox.
 """
-import ctypes, json, os, resource, signal, sys
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+
 cfg = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]

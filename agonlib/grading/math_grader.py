@@ -33,6 +33,7 @@ import functools
 import logging
 import math
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -115,8 +116,6 @@ def score_math(completion: str, gold: str, thinking: bool = True) -> int:
 
 def _serve(conn: Connection, mem_bytes: int) -> None:
     """Worker loop: receive ``(i, completion, gold, thinking)``, send ``(i, status, score)``."""
-    import resource
-
     with open("/proc/self/status") as f:
         vm = next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:")), 0)
     limit = vm + mem_bytes

@@ -17,6 +17,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import pandas as pd
+
+from ..evaluation import mean_interval
+
 
 @dataclass(frozen=True)
 class PaperRow:
@@ -62,8 +66,6 @@ def cell_of(run_name: str) -> str:
 
 def _interval(mine) -> tuple[float | None, float | None]:
     """95% interval of our value: across seeds (t) with two or more, else the one run's Wilson interval."""
-    from ..evaluation import mean_interval
-
     if not len(mine):
         return None, None
     if len(mine) > 1:
@@ -83,8 +85,6 @@ def comparison(table):
     system it comes from, ``B→A`` for the cascades, the per-seed values, the runs
     used and the number of held-out problems.
     """
-    import pandas as pd
-
     rows = []
     evaluated = table[table["pass@1"].notna()] if len(table) else table
     cells = evaluated["run"].map(cell_of) if len(evaluated) else pd.Series(dtype=str)

@@ -32,9 +32,20 @@ import textwrap
 import time
 from pathlib import Path
 
+import pandas as pd
+import peft
+import torch
+import transformers
+
+from ..agon import play_round
 from ..config import Config, ConfigError, load_config
-from .paths import output_paths
+from ..data import problems_for
+from ..evaluation import default_systems, evaluate
+from ..models import load_policies, pick_device, pick_dtype, use_unsloth
 from ..runs import last_checkpoint_step, last_logged_step, latest_adapters, load_run_config, read_jsonl, recorded_config
+from ..trainer import Trainer, train
+from .paths import output_paths
+from .results import collect, report
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +82,6 @@ def settings_changed(config: Config) -> dict:
 
     Keys a resumed run may change (``steps``, schedules, ``out_dir``) do not count.
     """
-    from ..trainer import Trainer
-
     recorded = recorded_config(config.run_dir)
     if recorded is None:
         return {}
@@ -103,8 +112,6 @@ def train_cell(profile: str, cell: str, *, seed: int = 0, steps: int | None = No
     An unfinished run (a checkpoint short of ``steps``) resumes; ``force=True``
     deletes the run directory and trains from scratch.
     """
-    from ..trainer import train
-
     config = cell_config(profile, cell, seed=seed, steps=steps, out_dir=out_dir, **overrides)
     run_dir = config.run_dir
     if force and run_dir.exists():
@@ -150,8 +157,6 @@ SUMMARY_COLUMNS = {
 
 def run_summary(run_dir: str | Path, last: int = 10):
     """The last ``last`` logged steps of a run, the columns a reader checks first (a DataFrame)."""
-    import pandas as pd
-
     rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
     table = pd.DataFrame(rows)
     if table.empty:
@@ -209,9 +214,6 @@ def evaluate_runs(profile: str, *, runs=None, systems=None, out_dir: str | Path 
     run when there is one (they do not depend on training). ``runs`` limits the
     evaluation to some run names.
     """
-    from ..data import problems_for
-    from ..evaluation import default_systems, evaluate
-
     dirs = [d for d in run_dirs(profile, out_dir) if runs is None or d.name in runs]
     if not dirs:
         print(f"No runs to evaluate under {output_paths(profile, out_dir).runs} — run the training notebooks "
@@ -255,8 +257,6 @@ def _shared_policies(run_dir: Path, config: Config, loaded: dict):
     Safe because ``evaluate`` loads the run's own adapters into it — so a run without a
     checkpoint (untrained adapters) always gets a fresh model.
     """
-    from ..models import load_policies
-
     if latest_adapters(run_dir) is None:
         return None
     key = json.dumps([getattr(config, k, None) for k in MODEL_KEYS], default=str)
@@ -267,8 +267,6 @@ def _shared_policies(run_dir: Path, config: Config, loaded: dict):
 
 def evaluation_table(results: dict):
     """``{run: final_eval}`` as one DataFrame: pass@1 and final-stage length per run and system."""
-    import pandas as pd
-
     rows = [{"run": run, "system": system, "pass@1": res["pass@1"], "mean_final_len": res.get("mean_final_len"),
              "tokens_per_problem": res.get("tokens_per_problem"), "n_problems": res.get("n_problems")}
             for run, found in results.items() for system, res in found.items()
@@ -280,8 +278,6 @@ def evaluation_table(results: dict):
 
 def collect_results(profile: str, out_dir: str | Path | None = None):
     """The results table of every run of a profile, written to ``<results>/<profile>.csv`` and ``.md``."""
-    from .results import collect, report
-
     paths = output_paths(profile, out_dir)
     table = collect(profile, runs_dir=paths.runs, write=False)
     paths.results.mkdir(parents=True, exist_ok=True)
@@ -295,12 +291,6 @@ def collect_results(profile: str, out_dir: str | Path | None = None):
 
 def environment(config: Config) -> dict:
     """What a run would use here: device, dtype, backend, threads and versions."""
-    import peft
-    import torch
-    import transformers
-
-    from ..models import pick_device, pick_dtype, use_unsloth
-
     device = pick_device(config.device)
     info = {
         "profile": config.profile,
@@ -356,9 +346,6 @@ def print_round(rnd, config: Config) -> None:
 
 def show_round(policies, config: Config, *, problems: int = 2, generations: int = 2, progress: bool = False):
     """Play one draft → summary → challenge round on training problems and print it; returns the round."""
-    from ..data import problems_for
-    from ..agon import play_round
-
     config = config.replace(problems_per_step=problems, num_generations=generations)
     picked = problems_for(config, "train")[:problems]
     start = time.perf_counter()

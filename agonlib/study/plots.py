@@ -44,9 +44,17 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import matplotlib
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+
+from ..runs import read_jsonl
 from .paper import CELL_LABELS, PAPER_FINAL_LEN, PAPER_ROWS, PAPER_SETTING, cell_of, comparison
 from .paths import output_paths
-from ..runs import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +148,6 @@ class FigureFile:
 
 
 def _new_figure(ncols: int = 1, width: float = 6.0, height: float = 4.0):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(width * ncols if ncols > 1 else width, height), layout="constrained")
     FigureCanvasAgg(fig)
     axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
@@ -221,8 +226,6 @@ def _legend(fig, axes) -> None:
 
 def _line(ax, run: Run, xs, ys, data: dict, key: str, **kw) -> None:
     """One run's series against training steps (integer ticks; markers where points are few)."""
-    from matplotlib.ticker import MaxNLocator
-
     marker = "o" if len(xs) <= 12 else None
     ax.plot(xs, ys, color=run.color, marker=marker, label=run.label, **kw)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -259,8 +262,6 @@ def pass1_over_training(runs: list[Run], profile: str, fig_dir: Path) -> FigureF
 
 
 def final_pass1(results_csv: Path, profile: str, fig_dir: Path) -> FigureFile:
-    import pandas as pd
-
     fig, (ax,) = _new_figure(1, 10.0, 4.6)
     notes = []
     table = pd.read_csv(results_csv) if results_csv.exists() else None
@@ -304,7 +305,6 @@ def final_pass1(results_csv: Path, profile: str, fig_dir: Path) -> FigureFile:
     top = max([*paper, *ours_h, 0.0])
     ax.set(xticks=x, ylabel="pass@1 (held-out)", ylim=(0, max(0.7, top + 0.12)))
     ax.set_xticklabels([r.label for r in PAPER_ROWS], rotation=20, ha="right")
-    from matplotlib.patches import Patch
 
     handles, labels = ax.get_legend_handles_labels()
     handles.append(Patch(facecolor="#555555", label=f"ours (profile {profile}), coloured by run"))
@@ -447,8 +447,6 @@ def accuracy_vs_length(runs: list[Run], profile: str, fig_dir: Path) -> FigureFi
                                                      "mean_final_len": res["mean_final_len"],
                                                      "pass@1": res["pass@1"]})
     if evaluated:
-        from matplotlib.lines import Line2D
-
         handles = [Line2D([], [], color=r.color, marker="o", linestyle="", label=r.label) for r in evaluated]
         seen = sorted({d["system"] for d in data.get("final", [])}, key=list(markers).index)
         handles += [Line2D([], [], color="k", marker=markers[s], linestyle="", label=s) for s in seen]
@@ -533,7 +531,6 @@ def make_figures(profile: str, which=None, *, out_dir: str | Path | None = None)
     if unknown:
         raise ValueError(f"Unknown figure(s) {', '.join(unknown)}; figures are "
                          f"{', '.join(LENGTH_FIGURES + RESULTS_FIGURES)}.")
-    import matplotlib
 
     paths = output_paths(profile, out_dir)
     runs = load_runs(paths.runs)

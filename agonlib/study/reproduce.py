@@ -36,7 +36,8 @@ from pathlib import Path
 
 import yaml
 
-from ..config import FIELD_NAMES, REPO_ROOT, ConfigError, parse_override
+from ..config import FIELD_NAMES, REPO_ROOT, ConfigError, load_config, parse_override
+from ..gate import cached_gate, format_gate, gate_path
 from .paths import output_paths
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -259,9 +260,6 @@ def run_gate_step(profile: str, overrides: dict, out_dir=None, say=print) -> dic
     says loudly that the challenger cannot use its prompt at initialisation, so
     the Agon cells are handicapped and their results must be read that way.
     """
-    from ..config import load_config
-    from ..gate import cached_gate, format_gate, gate_path
-
     paths = output_paths(profile, out_dir)
     path = gate_path(profile, paths.root / "gate" if paths.root else None)
     result, rerun = cached_gate(load_config(profile, **overrides), path, progress=False)

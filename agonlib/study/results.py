@@ -13,8 +13,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from ..config import REPO_ROOT, RUNS_DIR
+from ..evaluation import mean_interval
 from ..runs import read_jsonl, recorded_config
+from .paper import cell_of
 
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 COLUMNS = ["run", "system", "pass@1", "pass@1_lo", "pass@1_hi", "pass@k", "mean_final_len", "tokens_per_problem",
@@ -58,8 +62,6 @@ def run_rows(run_dir: Path) -> list[dict]:
 
 def collect(profile: str, runs_dir: str | Path | None = None, write: bool = True):
     """Every recorded run of ``profile`` as a DataFrame; also written as CSV and Markdown."""
-    import pandas as pd
-
     root = Path(runs_dir) if runs_dir else RUNS_DIR / profile
     rows = []
     for run_dir in sorted(p for p in root.glob("*") if (p / "config.json").exists()):
@@ -78,11 +80,6 @@ def across_seeds(table):
     A cell's runs are its seeds (``agon``, ``agon-seed1`` …). With one seed the
     interval is that run's Wilson interval over the held-out problems.
     """
-    import pandas as pd
-
-    from ..evaluation import mean_interval
-    from .paper import cell_of
-
     evaluated = table[table["pass@1"].notna()] if len(table) else table
     rows = []
     for (cell, system), group in evaluated.groupby([evaluated["run"].map(cell_of), "system"], sort=True):
@@ -98,8 +95,6 @@ def across_seeds(table):
 
 def comparisons(runs_dir: str | Path):
     """Every paired comparison recorded in the runs' ``final_eval.json`` (exact McNemar), a DataFrame."""
-    import pandas as pd
-
     rows = []
     for run_dir in sorted(p for p in Path(runs_dir).glob("*") if (p / "final_eval.json").exists()):
         found = json.loads((run_dir / "final_eval.json").read_text()).get("comparisons") or {}

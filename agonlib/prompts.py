@@ -1,13 +1,15 @@
 """Every prompt of the game, in one place (they are logged into each run's config.json).
 
-``draft_prompt`` poses the problem. ``challenge_prompt`` poses it again with the
-drafter's summary, framed as a rival's attempt (competitive reward) or a
-teammate's (cooperative reward); without exchange the challenger simply gets
-``draft_prompt``. Prompts are chat messages; :func:`render` applies the model's
+``draft_prompt`` poses the problem. ``challenge_prompt`` shows the drafter's
+masked summary as a rival's attempt (competitive reward) or a teammate's
+(cooperative reward), then the instruction, then the problem; without exchange
+the challenger simply gets ``draft_prompt``. Prompts are chat messages; :func:`render` applies the model's
 chat template (Qwen3's ``enable_thinking`` switch included).
 """
 
 from __future__ import annotations
+
+from .parsing import MASK
 
 MATH_SYSTEM = (
     "You are a careful math solver. Solve the problem step by step and end with "
@@ -27,19 +29,25 @@ MATH_EXAMPLE = (
                                      "pencils left.\n\\boxed{7}"},
 )
 
-RIVAL_INTRO = (
-    "A rival solver attempted this problem before you. Below is a summary of their "
-    "solution with the final answer hidden. It may contain mistakes: check it "
-    "critically and solve the problem yourself. You score extra if you are right "
-    "where the rival was wrong."
+# The challenge turn (DESIGN.md §2 step 4), designed and measured with the gate (`python -m agonlib gate`;
+# experiments/LOG.md, 2026-12-03): the earlier attempt first, then the instruction, then the bare question
+# last — exactly what the drafter saw — so the turn ends like every turn the model has answered. On
+# SmolLM2-135M (200 pairs) it took the untrained challenger from 0.015 to 0.25 accuracy (0.18 without
+# exchange) and from 0.08 to 0.88 boxed answers. The framings differ only in the word naming the other solver.
+OTHER_SOLVER = {"competitive": "rival", "cooperative": "teammate"}
+# Two worked challenge turns (math): one earlier attempt wrong (the worked answer disagrees and is right),
+# one right (it agrees), so the examples do not teach "always disagree".
+CHALLENGE_EXAMPLES = (
+    ("Ben has 9 stickers. He gives 4 stickers to a classmate. How many stickers does Ben have now?",
+     f"Ben has 9 stickers and gets 4 more, so he has 9 + 4 = {MASK} stickers.",
+     "Ben gives away 4 stickers, so he has 9 - 4 = 5 stickers.\n\\boxed{5}"),
+    ("Lucy has 3 shells. She finds 6 more shells. What is the number of shells Lucy has in the end?",
+     f"Lucy has 3 shells and finds 6 more, so she has 3 + 6 = {MASK} shells.",
+     "Lucy finds 6 more shells, so she has 3 + 6 = 9 shells.\n\\boxed{9}"),
 )
-TEAMMATE_INTRO = (
-    "A teammate attempted this problem before you. Below is a summary of their "
-    "solution with the final answer hidden. Use it to help you, and solve the "
-    "problem yourself."
-)
-EMPTY_SUMMARY = "(the previous attempt gave no summary)"
-
+CHALLENGE_INSTRUCTION = {"math": "Solve it yourself and end with \\boxed{}.",
+                         "code": "Solve it yourself and give one complete Python 3 program in a ```python block."}
+EMPTY_SUMMARY = "(empty)"
 
 def _system(task: str) -> str:
     if task not in ("math", "code"):
@@ -56,16 +64,21 @@ def draft_prompt(question: str, task: str = "math") -> list[dict]:
     return [*_opening(task), {"role": "user", "content": question}]
 
 
+def _challenge_turn(other: str, question: str, summary: str, task: str) -> str:
+    return (f"A {other} tried this problem. Their work, with the answer hidden as {MASK}, may be wrong:\n"
+            f"{summary.strip() or EMPTY_SUMMARY}\n\n{CHALLENGE_INSTRUCTION[task]}\n\n{question}")
+
+
 def challenge_prompt(question: str, summary: str, reward: str = "competitive", task: str = "math") -> list[dict]:
-    intro = {"competitive": RIVAL_INTRO, "cooperative": TEAMMATE_INTRO}.get(reward)
-    if intro is None:
+    """The challenger's prompt: the opening, the worked challenge turns (math), then this problem's turn."""
+    other = OTHER_SOLVER.get(reward)
+    if other is None:
         raise ValueError(f"reward must be 'competitive' or 'cooperative', got {reward!r}")
-    user = (
-        f"Problem:\n{question}\n\n{intro}\n\n"
-        f"--- summary of the previous attempt ---\n{summary.strip() or EMPTY_SUMMARY}\n"
-        "--- end of summary ---"
-    )
-    return [*_opening(task), {"role": "user", "content": user}]
+    messages = _opening(task)
+    for q, attempt, answer in CHALLENGE_EXAMPLES if task == "math" else ():
+        messages += [{"role": "user", "content": _challenge_turn(other, q, attempt, task)},
+                     {"role": "assistant", "content": answer}]
+    return [*messages, {"role": "user", "content": _challenge_turn(other, question, summary, task)}]
 
 
 MOA_INTRO = (
@@ -93,6 +106,7 @@ def all_prompts() -> dict:
     """The fixed prompt texts, for the run's config.json."""
     return {
         "math_system": MATH_SYSTEM, "code_system": CODE_SYSTEM,
-        "rival_intro": RIVAL_INTRO, "teammate_intro": TEAMMATE_INTRO,
+        "other_solver": OTHER_SOLVER, "challenge_examples": [list(e) for e in CHALLENGE_EXAMPLES],
+        "challenge_instruction": CHALLENGE_INSTRUCTION,
         "math_example": list(MATH_EXAMPLE), "moa_intro": MOA_INTRO,
     }

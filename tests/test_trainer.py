@@ -262,8 +262,9 @@ def test_game_masks_boxed_drafts_and_pays_the_length_tiebreak(tiny, monkeypatch,
     challenge_prompts = backend.calls[1]["prompts"]
     assert backend.calls[1]["cap"] == 9 and backend.calls[0]["cap"] == cfg.max_new_tokens  # per-role caps
     for text in challenge_prompts:
-        assert "4 + 5 = […] apples. She has […] apples." in text  # the summary, answer masked
-        assert "= 9" not in text and "\\boxed{9}" not in text and " 9 " not in text
+        turn = text.rsplit("A rival tried this problem.", 1)[1]  # this problem's turn, after the worked ones
+        assert "4 + 5 = […] apples. She has […] apples." in turn  # the summary, answer masked
+        assert "= 9" not in turn and "\\boxed{9}" not in turn and " 9 " not in turn
     assert rnd.leaked == [False] * len(rnd.drafts)
     # both right, the challenge (3 "tokens") shorter than the draft: correct + tiebreak
     assert [r.total for r in rnd.r_challenge] == [pytest.approx(1.1)] * len(rnd.drafts)

@@ -1,4 +1,5 @@
-# Two commands on a fresh machine (Python 3.11): `make reproduce` and `make test`.
+# Two commands on a fresh machine (Python 3.11): `make reproduce` and `make test`
+# (`make reproduce SEEDS=3`: every training cell for seeds 0, 1, 2).
 # Each creates .venv if missing and installs the project, the offline model
 # assets and the test tools; later runs reinstall only when pyproject.toml changes.
 PYTHON  ?= python3
@@ -42,7 +43,7 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
 reproduce: install
-	$(BIN)/python -m agonlib reproduce --profile $(PROFILE)
+	$(BIN)/python -m agonlib reproduce --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS))
 
 clean-venv:
 	rm -rf $(VENV)

@@ -106,3 +106,11 @@ def test_run_files_are_read_through_runs_only():
     trainer = ast.parse((PACKAGE / "trainer.py").read_text())
     defined = {n.name for n in trainer.body if isinstance(n, ast.FunctionDef)}
     assert not defined & {"read_jsonl", "append_jsonl", "complete_checkpoints", "write_run_config"}
+
+
+def test_the_readme_layout_names_every_module():
+    readme = (PACKAGE.parent / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):readme.index("## Python API")]
+    missing = [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py" and p.name not in layout]
+    missing += [f"{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists() and f"{p.name}/" not in layout]
+    assert not missing, f"README's layout misses {missing}"

@@ -4,7 +4,7 @@
 ``LoRARequest`` names into a private copy of the model and samples with
 ``agonlib.rollouts`` (same sampler, same per-completion seeds), so on the same
 weights it returns exactly the transformers path's tokens, with raw log-probs
-of the sampled tokens. The tests and ``python -m agonlib.gpu_check --dry-run``
+of the sampled tokens. The tests and ``scripts/gpu_check.py --dry-run``
 drive the vLLM backend's whole bookkeeping with it — directories, request
 ids, seeds, parsing, the mismatch log — without vLLM. It proves nothing about
 vLLM itself.

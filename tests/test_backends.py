@@ -6,7 +6,7 @@ stand-in (adapters read back from their directories, sampled by
 given. What this proves: adapters reach the engine through the right
 directories and request ids, seeds pass through, the base gets no adapter, and
 rollouts come back parsed as the transformers path parses them. What it cannot:
-anything about vLLM itself (``python -m agonlib.gpu_check`` on a GPU).
+anything about vLLM itself (``scripts/gpu_check.py`` on a GPU).
 """
 
 import dataclasses

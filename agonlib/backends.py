@@ -78,7 +78,7 @@ import torch
 from .grpo import build_batch, completion_logprobs
 from .models import SMOLLM2, TINY_QWEN3, data_parallel_world, gpu_setting, vllm_lora_rank
 from .parsing import split_completion
-from .rollouts import GenerationStats, Rollout, SamplingParams, generate
+from .rollouts import AnswerStop, GenerationStats, Rollout, SamplingParams, answer_stop_for, complete, generate
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +305,8 @@ class VLLMBackend:
         )
 
     def generate(self, prompts, adapter, seeds, params=None, *, batch_size=None, thinking=None, task=None,
-                 max_prompt_tokens=None, desc="", progress=True, stats: GenerationStats | None = None):
+                 max_prompt_tokens=None, stop_at_answer=None, desc="", progress=True,
+                 stats: GenerationStats | None = None):
         if len(prompts) != len(seeds):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds: give one seed per completion.")
         config, tok = self.policies.config, self.policies.tokenizer
@@ -324,6 +325,8 @@ class VLLMBackend:
                 stats.prompts_truncated += cut
         ids = {p: x[-max_prompt_tokens:] for p, x in ids.items()}
         stop_set = set(self.policies.stop_token_ids)
+        # vLLM cannot stop at a balanced box; its completions are trimmed by the transformers path's rule.
+        answer_stop = answer_stop_for(self.policies, thinking, task, stop_at_answer)
         rollouts, longest = [], 0
         step = batch_size or self.batch_size
         for lo in range(0, len(prompts), step):
@@ -335,7 +338,7 @@ class VLLMBackend:
             )
             for prompt, seed, out in zip(chunk, chunk_seeds, outputs):
                 rollout = _to_rollout(tok, prompt, ids[prompt], out.outputs[0], int(seed), stop_set,
-                                      thinking, task, self.logprobs_mode)
+                                      thinking, task, self.logprobs_mode, answer_stop)
                 rollouts.append(rollout)
                 longest = max(longest, rollout.length)
         if stats is not None:
@@ -346,23 +349,21 @@ class VLLMBackend:
 
 
 def _to_rollout(tok, prompt: str, prompt_ids: list[int], out, seed: int, stop_set: set, thinking: bool,
-                task: str, logprobs_mode: str) -> Rollout:
-    """A vLLM ``CompletionOutput`` as a :class:`Rollout`, parsed exactly as the transformers path parses."""
+                task: str, logprobs_mode: str, answer_stop: AnswerStop | None = None) -> Rollout:
+    """A vLLM ``CompletionOutput`` as a :class:`Rollout`, parsed and trimmed exactly as the transformers path does."""
     completion = list(out.token_ids)
     gen_logprobs = [_sampled_logprob(lp, t) for lp, t in zip(out.logprobs or [], completion)]
-    end = next((j + 1 for j, t in enumerate(completion) if t in stop_set), None)
-    if end is None and out.finish_reason == "stop" and isinstance(out.stop_reason, int):
+    if not stop_set & set(completion) and out.finish_reason == "stop" and isinstance(out.stop_reason, int):
         completion.append(out.stop_reason)  # a stop id vLLM left out of token_ids: training must see it
         gen_logprobs.append(math.nan)
-        end = len(completion)
-    completion = completion[:end] if end else completion
+    completion, truncated = complete(completion, stop_set, answer_stop)
     text = tok.decode(completion, skip_special_tokens=True)
     parts = split_completion(text, thinking=thinking, task=task)
     extra = {"logprobs_mode": logprobs_mode}
     if out.logprobs is not None:
         extra["gen_logprobs"] = gen_logprobs[: len(completion)]
     return Rollout(prompt, list(prompt_ids), completion, text, parts.think, parts.summary, parts.answer,
-                   len(completion), end is None, seed, extra)
+                   len(completion), truncated, seed, extra)
 
 
 def _sampled_logprob(entry, token: int) -> float:

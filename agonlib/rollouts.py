@@ -94,20 +94,20 @@ class AnswerStop:
     row's tokens only when it draws one of those (``closing``).
     """
 
-    def __init__(self, tokenizer, thinking: bool, device=None):
+    def __init__(self, tokenizer, thinking: bool):
         self.tokenizer, self.thinking = tokenizer, thinking
-        self.closing = _closing_tokens(tokenizer).to(device)  # (V,)
+        self.closing = _closing_tokens(tokenizer)  # (V,), on the CPU: the rows it finds are decoded there anyway
 
     def reached(self, ids: list[int]) -> bool:
         return has_answer(self.tokenizer.decode(ids, skip_special_tokens=True), self.thinking)
 
     def finished_rows(self, rows: torch.Tensor, token: torch.Tensor, tokens: torch.Tensor, t: int) -> torch.Tensor:
         """Of the completions ``rows`` that drew ``token`` at step ``t``, those whose answer is now complete."""
-        maybe = self.closing[token.clamp(max=len(self.closing) - 1)]  # (b,)
+        maybe = self.closing[token.cpu().clamp(max=len(self.closing) - 1)]  # (b,)
         done = torch.zeros_like(maybe)
         for k in maybe.nonzero().squeeze(1).tolist():
             done[k] = self.reached(tokens[rows[k], : t + 1].tolist())
-        return done
+        return done.to(token.device)
 
     def end(self, ids: list[int]) -> int | None:
         """The length of the shortest prefix of ``ids`` that holds a complete answer, or ``None``.
@@ -426,7 +426,7 @@ def answer_stop_for(policies, thinking: bool, task: str, stop_at_answer: bool | 
     wanted = getattr(policies.config, "stop_at_answer", True) if stop_at_answer is None else stop_at_answer
     if not wanted or task != "math":
         return None
-    return AnswerStop(policies.tokenizer, thinking, policies.device)
+    return AnswerStop(policies.tokenizer, thinking)
 
 
 def kv_bytes_per_token(model) -> int:

@@ -408,3 +408,18 @@ def test_unsloth_vllm_kwargs(monkeypatch):
     assert models.unsloth_vllm_kwargs(SimpleNamespace(generation_backend="transformers", lora_r=16)) == {}
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
     assert models.unsloth_vllm_kwargs(cfg) == {}
+
+
+def test_vllm_completions_stop_at_the_answer_like_the_transformers_path(smoke_policies):
+    from agonlib.backends import _to_rollout
+    from agonlib.rollouts import AnswerStop
+
+    tok = smoke_policies.tokenizer
+    boxed = tok("So 2+2=4. \\boxed{4}", add_special_tokens=False)["input_ids"]
+    tail = tok(" and then more", add_special_tokens=False)["input_ids"]
+    out = SimpleNamespace(token_ids=boxed + tail, logprobs=None, finish_reason="length", stop_reason=None)
+    stops = set(smoke_policies.stop_token_ids)
+    trimmed = _to_rollout(tok, "p", [1], out, 0, stops, False, "math", "raw_logprobs", AnswerStop(tok, False))
+    assert trimmed.completion_ids == boxed and not trimmed.truncated and trimmed.answer == "4"
+    whole = _to_rollout(tok, "p", [1], out, 0, stops, False, "math", "raw_logprobs")
+    assert whole.completion_ids == boxed + tail and whole.truncated  # without the rule: ran to the cap

@@ -68,11 +68,8 @@ def _stay_on_cpu(model):
     return model
 
 
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    """A CUDA machine with Unsloth installed; add "vllm" to ``.installed`` to have vLLM too."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    installed = {"unsloth"}
+def _fake_packages(monkeypatch, installed: set) -> set:
+    """``find_spec`` sees unsloth and vllm exactly when they are in ``installed`` (returned, to add to later)."""
     real_find_spec = importlib.util.find_spec
 
     def find_spec(name, *args, **kwargs):
@@ -81,6 +78,14 @@ def fake_gpu(monkeypatch):
         return real_find_spec(name, *args, **kwargs)
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    return installed
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A CUDA machine with Unsloth installed; add "vllm" to ``.installed`` to have vLLM too."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    installed = _fake_packages(monkeypatch, {"unsloth"})
     calls = []
 
     class FastLanguageModel:
@@ -190,17 +195,9 @@ def colab(monkeypatch):
     import subprocess
 
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
-    commands, installed = [], set()
+    commands, installed = [], _fake_packages(monkeypatch, set())
     monkeypatch.setattr(subprocess, "run", lambda cmd, check=False: commands.append(" ".join(cmd)))
     monkeypatch.setattr(os, "chdir", lambda path: None)
-    real_find_spec = importlib.util.find_spec
-
-    def find_spec(name, *args, **kwargs):
-        if name in ("unsloth", "vllm"):
-            return importlib.machinery.ModuleSpec(name, None) if name in installed else None
-        return real_find_spec(name, *args, **kwargs)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
 
     def run():
         namespace = {"profile": "cpu"}

@@ -24,7 +24,7 @@ VLLM_EXTRA := "math-verify[antlr4_13_2]==0.9.0" gguf pyyaml tqdm pandas pytest p
 VLLM_DROP  := torchvision torchaudio torchcodec triton
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell echo '$(VLLM_PINS) $(VLLM_EXTRA) $(ASSETS)' | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast reproduce clean-venv install-vllm test-vllm clean-vllm
+.PHONY: install test test-fast reproduce notebooks clean-venv install-vllm test-vllm clean-vllm
 
 install: $(STAMP)
 
@@ -44,6 +44,16 @@ test-fast: install
 
 reproduce: install
 	$(BIN)/python -m agonlib reproduce --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS))
+
+# Each notebook is a pair (notebooks/jupytext.toml): NN_name.py, its source in jupytext's percent
+# format, and NN_name.ipynb. Edit either side, then sync: the newer file's cells win; outputs are
+# cleared, as committed (the second sync only evens out the timestamps the clearing moved).
+NOTEBOOK_FILES = $(wildcard notebooks/[0-9][0-9]_*.py notebooks/[0-9][0-9]_*.ipynb)
+
+notebooks: install
+	$(BIN)/jupytext --sync --quiet $(NOTEBOOK_FILES)
+	$(BIN)/jupyter nbconvert --clear-output --inplace --log-level=WARN notebooks/[0-9][0-9]_*.ipynb
+	$(BIN)/jupytext --sync --quiet $(NOTEBOOK_FILES)
 
 clean-venv:
 	rm -rf $(VENV)

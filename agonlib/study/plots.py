@@ -31,6 +31,10 @@ What each figure reads:
   evaluation) and how often A and B give different answers
   (``A_B_disagreement``); the final evaluation's disagreement as a star.
 
+Not saved with the others: ``learning_curve`` — one run's (or a few runs')
+``eval.jsonl`` pass@1 per system and ``metrics.jsonl`` accuracy per role, which
+the training notebooks show inline (:mod:`agonlib.study.notebook`).
+
 A figure whose inputs are missing is still written, with a note saying which
 files to produce (and a logged warning): the set of figure files never depends
 on how far the runs got.
@@ -38,6 +42,7 @@ on how far the runs got.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -116,21 +121,26 @@ class Run:
         return base if not self.seed else f"{base}, seed {self.seed}"
 
 
+def load_run(path: str | Path) -> Run | None:
+    """One run directory's files; ``None`` (with a logged warning) when ``config.json`` is missing or unreadable."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        log.warning("Skipping %s: no config.json (not a run directory, or its run never started).", path)
+        return None
+    try:
+        config = json.loads((path / "config.json").read_text())["config"]
+        final = json.loads((path / "final_eval.json").read_text()) if (path / "final_eval.json").exists() else None
+    except (json.JSONDecodeError, KeyError) as err:
+        log.warning("Skipping %s: unreadable config.json or final_eval.json (%s).", path, err)
+        return None
+    return Run(name=path.name, dir=path, config=config, metrics=read_jsonl(path / "metrics.jsonl"),
+               evals=read_jsonl(path / "eval.jsonl"), final=final, rollouts=read_jsonl(path / "rollouts.jsonl"))
+
+
 def load_runs(runs_dir: str | Path) -> list[Run]:
     """Every run directory under ``runs_dir`` (those with a ``config.json``), in the cells' order."""
-    runs = []
-    for path in sorted(Path(runs_dir).glob("*")):
-        if not (path / "config.json").is_file():
-            continue
-        try:
-            config = json.loads((path / "config.json").read_text())["config"]
-            final = json.loads((path / "final_eval.json").read_text()) if (path / "final_eval.json").exists() else None
-        except (json.JSONDecodeError, KeyError) as err:
-            log.warning("Skipping %s: unreadable config.json or final_eval.json (%s).", path, err)
-            continue
-        runs.append(Run(name=path.name, dir=path, config=config, metrics=read_jsonl(path / "metrics.jsonl"),
-                        evals=read_jsonl(path / "eval.jsonl"), final=final,
-                        rollouts=read_jsonl(path / "rollouts.jsonl")))
+    found = (load_run(path) for path in sorted(Path(runs_dir).glob("*")) if (path / "config.json").is_file())
+    runs = [run for run in found if run is not None]
     order = {cell: i for i, cell in enumerate(CELL_ORDER)}
     return sorted(runs, key=lambda r: (order.get(r.cell, len(order)), r.seed or 0, r.name))
 
@@ -514,6 +524,94 @@ def ab_divergence(runs: list[Run], profile: str, fig_dir: Path) -> FigureFile:
         _note(ax_d, "no A/B disagreement recorded yet")
     _title(fig, "A–B divergence over training", profile, agon)
     return _save(fig, fig_dir, "ab_divergence", data, notes)
+
+
+# --- one run's learning curve (the training notebooks 01–06, inline) ------------------------
+
+SYSTEM_ORDER = ("A", "B", "cascade_AB", "cascade_BA", "grpo")
+CURVE_COLORS = {"A": "#1f77b4", "B": "#ff7f0e", "cascade_AB": "#d62728", "cascade_BA": "#9467bd",
+                "grpo": "#1f77b4", "drafter": "#1f77b4", "challenger": "#d62728"}
+CURVE_STYLES = ("-", "--", ":", "-.")
+
+
+def _evaluated_systems(run: Run) -> list[str]:
+    """The systems a run's periodic evaluations scored (``<system>/pass@1`` keys of ``eval.jsonl``)."""
+    found = {key.rsplit("/", 1)[0] for row in run.evals for key in row if key.endswith("/pass@1")}
+    return sorted(found, key=lambda s: (SYSTEM_ORDER.index(s) if s in SYSTEM_ORDER else len(SYSTEM_ORDER), s))
+
+
+def _curve_style(run: Run, key: str, index: int, many: bool) -> dict:
+    """One run: a colour per system or role. Several runs: a colour per run, a line style per system or role."""
+    if many:
+        return {"color": run.color, "linestyle": CURVE_STYLES[index % len(CURVE_STYLES)],
+                "label": f"{run.label}: {key}"}
+    return {"color": CURVE_COLORS.get(key, OTHER_COLOR), "linestyle": "-", "label": key}
+
+
+def learning_curve(runs: list[Run]) -> tuple[Figure, dict]:
+    """The learning curve of one run, or of a few side by side (notebook 01: ``grpo`` and ``grpo_2n``).
+
+    Left: held-out pass@1 of every system the periodic evaluation scored
+    (``eval.jsonl``, every ``eval_every`` steps). Right: each role's accuracy on
+    its training problems (``metrics.jsonl``): dots each step, the line a
+    trailing mean. Returns the figure (not saved anywhere: a training notebook
+    shows it inline, :func:`figure_png`) and the plotted values.
+    """
+    with matplotlib.rc_context(STYLE):
+        fig, (ax_eval, ax_train) = _new_figure(2, 5.2, 4.0)
+        data = {"eval_pass1": {}, "train_accuracy": {}}
+        many = len(runs) > 1
+        for run in runs:
+            for i, system in enumerate(_evaluated_systems(run)):
+                xs, ys = _series(run.evals, f"{system}/pass@1")
+                ax_eval.plot(xs, ys, marker="o", **_curve_style(run, system, i, many))
+                data["eval_pass1"].setdefault(run.name, {})[system] = {"x": xs, "y": _clean(ys)}
+        sizes = sorted({int(row["n_problems"]) for run in runs for row in run.evals if row.get("n_problems")})
+        on = f" on {'/'.join(map(str, sizes))} problems" if sizes else ""
+        if data["eval_pass1"]:
+            ax_eval.legend(loc="best")
+        else:
+            _note(ax_eval, "no periodic evaluation logged (eval.jsonl):\neval_every is 0, or the run\n"
+                           "has not reached its first evaluation")
+        ax_eval.set(title=f"held-out pass@1 (periodic evaluation{on})", xlabel="training step", ylabel="pass@1",
+                    ylim=(-0.02, 1.02))
+        window = _window(runs)
+        for run in runs:
+            roles = [role for role in ("drafter", "challenger") if any(f"{role}/accuracy" in r for r in run.metrics)]
+            for i, role in enumerate(roles):
+                xs, ys = _series(run.metrics, f"{role}/accuracy")
+                style = _curve_style(run, role, i, many)
+                smooth = _rolling(ys, window)
+                if window > 1:
+                    ax_train.plot(xs, ys, linestyle="none", marker="o", markersize=3, alpha=0.35,
+                                  color=style["color"])
+                ax_train.plot(xs, smooth, marker="o" if len(xs) <= 12 else None, **style)
+                data["train_accuracy"].setdefault(run.name, {})[role] = {"x": xs, "y": _clean(ys),
+                                                                         "smoothed": _clean(smooth)}
+        if data["train_accuracy"]:
+            ax_train.legend(loc="best")
+        else:
+            _note(ax_train, "no training steps logged yet (metrics.jsonl)")
+        ax_train.set(title="training accuracy per role" + _smoothing_text(window), xlabel="training step",
+                     ylabel="accuracy", ylim=(-0.02, 1.02))
+        for ax in (ax_eval, ax_train):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if data["eval_pass1"] and data["train_accuracy"]:
+            ax_eval.set_xlim(ax_train.get_xlim())  # one step axis for both panels
+        profiles = sorted({str(run.config.get("profile")) for run in runs})
+        steps = max((int(row["step"]) for run in runs for row in run.metrics), default=0)
+        fig.suptitle(f"Learning curve: {', '.join(run.label for run in runs) or 'no run'}\n"
+                     f"profile {', '.join(profiles) or '?'} · {steps} step{'' if steps == 1 else 's'} logged")
+        data["window"] = window
+    return fig, data
+
+
+def figure_png(fig: Figure) -> bytes:
+    """A figure as PNG bytes (no timestamp: the same figure gives the same bytes)."""
+    buffer = io.BytesIO()
+    with matplotlib.rc_context(STYLE):
+        fig.savefig(buffer, format="png", metadata={"Software": None})
+    return buffer.getvalue()
 
 
 # --- entry points ---------------------------------------------------------------------------

@@ -19,6 +19,11 @@ first failure stops the job: running notebooks are interrupted (their runs
 resume from the last checkpoint next time) and the error names the notebook,
 the cell and its executed copy. Training and evaluation skip work already on
 disk (``agonlib.pipeline``), so a rerun picks up where it stopped.
+
+Each notebook is a jupytext pair (``notebooks/jupytext.toml``): ``NN_name.py``
+in the percent format and ``NN_name.ipynb``; papermill runs the ``.ipynb``. A
+pair whose cells differ (one side edited, ``make notebooks`` not run) stops the
+job before anything runs, naming the notebook and the first differing cell.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
+import jupytext
 import yaml
 
 from ..config import FIELD_NAMES, REPO_ROOT, ConfigError, load_config, parse_override
@@ -81,6 +88,49 @@ def select(notebooks: list[Path], only=None) -> list[Path]:
         raise ConfigError(f"--only {','.join(missing)}: no such notebook; notebooks are "
                           f"{', '.join(nb.stem for nb in notebooks)}.")
     return chosen
+
+
+def text_pair(notebook: Path) -> Path:
+    """A notebook's jupytext source: ``NN_name.py`` beside ``NN_name.ipynb``."""
+    return Path(notebook).with_suffix(".py")
+
+
+def _cells(nb) -> list[tuple[str, str, tuple]]:
+    """What a pair must agree on, cell by cell: type, source (trailing whitespace aside) and tags."""
+    return [(c.cell_type, c.source.rstrip(), tuple(c.metadata.get("tags", []))) for c in nb.cells]
+
+
+def pair_difference(notebook: Path) -> str | None:
+    """Where a notebook's cells differ from those jupytext reads from its ``.py``; ``None`` when they agree.
+
+    After an edit to ``02_agon.py`` alone, say: ``"cell 8: 02_agon.ipynb has 'sampled = …(run_dir)',
+    02_agon.py has 'sampled = …(run_dir, step=10)'"``. A missing ``.py`` is a difference too.
+    """
+    notebook, text = Path(notebook), text_pair(notebook)
+    if not text.exists():
+        return f"{text.name} (its jupytext source) is missing"
+    ours, theirs = _cells(jupytext.read(notebook)), _cells(jupytext.read(text))
+    for k, (a, b) in enumerate(zip_longest(ours, theirs), 1):
+        if a == b:
+            continue
+        if a is None or b is None:
+            return f"{notebook.name} has {len(ours)} cells, {text.name} {len(theirs)}"
+        if a[0] != b[0]:
+            return f"cell {k} is {a[0]} in {notebook.name}, {b[0]} in {text.name}"
+        if a[2] != b[2]:
+            return f"cell {k} is tagged {list(a[2])} in {notebook.name}, {list(b[2])} in {text.name}"
+        line_a, line_b = next((x, y) for x, y in zip_longest(a[1].splitlines(), b[1].splitlines()) if x != y)
+        return f"cell {k}: {notebook.name} has {line_a!r}, {text.name} has {line_b!r}"
+    return None
+
+
+def check_pairs(notebooks: list[Path]) -> None:
+    """Refuse to run a notebook whose ``.ipynb`` and ``.py`` disagree: which one is meant is not ours to guess."""
+    differ = [(nb, why) for nb in notebooks if text_pair(nb).exists() and (why := pair_difference(nb))]
+    if differ:
+        raise ConfigError("The notebook pairs " + ", ".join(nb.stem for nb, _ in differ) + " are out of sync ("
+                          + "; ".join(why for _, why in differ) + "). Run `make notebooks` (each pair takes the "
+                          "cells of its newer file) and start again.")
 
 
 def parameters_of(notebook: Path) -> dict:
@@ -291,6 +341,7 @@ def run(profile: str | None = None, *, only=None, jobs: int | None = None, force
     if not found:
         raise ConfigError(f"No numbered notebooks (NN_name.ipynb) in {notebooks_dir}.")
     chosen = select(found, only)
+    check_pairs(chosen)
     file_settings, per_notebook = read_params_file(params_file) if params_file else ({}, {})
     for name in per_notebook:  # checked against every notebook: a file may name some not selected now
         if not any(name in (nb.stem, nb.stem.split("_")[0]) for nb in found):

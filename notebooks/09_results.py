@@ -1,0 +1,66 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Results: the paper's table beside ours
+#
+# **What the paper claims** (Qwen3-0.6B, DeepMath-hard, pass@1): untrained MoA
+# ~7.6%, vanilla GRPO 30%, competition without exchange 32%, cooperation with
+# exchange 46%, Agon with fixed roles 52%, vanilla GRPO on Qwen3-4B 59%, **Agon
+# 61%**. The paper's numbers are quoted as reference; ours come from
+# `experiments/results/<profile>.csv`, which this notebook rebuilds from the run
+# directories (`agonlib.study.results.collect`). On the `cpu` profile (a 135M model on
+# arithmetic word problems, minutes of training) compare orderings and gaps, not
+# absolute values.
+#
+# Figures (PNG and SVG under `figures/<profile>/`), drawn only from the run files
+# and the results table:
+#
+# * `pass1_over_training` — held-out pass@1 at each periodic evaluation
+#   (`eval.jsonl`), and the drafter's training accuracy each step;
+# * `final_pass1` — the paper's pass@1 beside ours for each row of its table;
+# * `conversion_rates` — how often the challenger fixes a wrong draft
+#   (conversion), breaks a right one (regression), or is right and shorter
+#   (tiebreak; it only earns a reward when λ_len > 0);
+# * `ab_divergence` — how far apart the adapters' weight updates are and how
+#   often A and B answer differently, at each periodic evaluation.
+#
+# **What to look for.** Agon above the 2×2 cells and GRPO; conversion rates
+# above zero and higher under competition; A and B staying apart (divergence
+# well above 0) rather than collapsing into one policy.
+
+# %% tags=["parameters"]
+profile = "cpu"  # cpu | smoke | colab | paper (experiments/profiles/)
+out_dir = None  # output root; None: the repo (experiments/runs/<profile>/, figures/<profile>/)
+
+# %%
+from agonlib.study import pipeline
+
+table = pipeline.collect_results(profile, out_dir=out_dir)
+table
+
+# %% [markdown]
+# The paper's rows beside ours: the `A→B` cascade for the Agon-style cells (`B→A` beside it), the adapter for vanilla GRPO, `moa` for the untrained baseline; the mean over seeds, with each seed's value.
+
+# %%
+from agonlib.study import paper
+
+paper.comparison(table)
+
+# %%
+from agonlib.study import plots
+
+figures = plots.make_figures(profile, "results", out_dir=out_dir)
+plots.show(figures)

@@ -22,8 +22,8 @@ from . import prompts
 from .config import ConfigError, load_config, parse_override
 from .evaluation import evaluate
 from .gate import format_gate, gate_path, run_gate, write_gate
+from .generation import generate, sample_seed
 from .models import AssetError, load_policies
-from .rollouts import generate, sample_seed
 from .runs import CheckpointError, latest_adapters, load_run_config
 from .study.pipeline import show_round
 from .study.pipeline import text_block as _block
@@ -47,8 +47,8 @@ def cmd_round(args) -> int:
     config = _load(args)
     print(f"Loading {config.model} (profile {config.profile}) …", flush=True)
     policies = load_policies(config)
-    print(f"  {policies.backend} backend, {policies.device}, {policies.dtype}, "
-          f"loaded in {policies.load_seconds:.1f} s", flush=True)
+    print(f"  {policies.device}, {policies.dtype}, loaded with {policies.model_loader} "
+          f"in {policies.load_seconds:.1f} s", flush=True)
     report = policies.memory_report()
     print(f"  base {report['base_params'] / 1e6:.1f}M params; each adapter adds "
           f"{report['adapter_A_fraction']:.2%}", flush=True)

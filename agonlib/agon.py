@@ -41,12 +41,12 @@ from typing import Sequence
 import torch
 
 from . import metrics, prompts
-from .backends import logprob_mismatch
+from .generation import GenerationStats, Rollout, SamplingParams, generate, sample_seed
+from .generation.backends import logprob_mismatch
 from .grading import grade_code, grade_math_batch
 from .grpo import build_batch, completion_logprobs, group_advantages, grpo_update
 from .metrics import bit, same_length
 from .parsing import MASK, mask_answer
-from .rollouts import GenerationStats, Rollout, SamplingParams, generate, sample_seed
 
 CHALLENGER_MODES = ("competitive", "cooperative")
 

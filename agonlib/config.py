@@ -66,9 +66,18 @@ class Config:
     model: str = "smollm2-135m-instruct"
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     device: str = "auto"  # auto | cpu | cuda
-    backend: str = "auto"  # auto (Unsloth only on CUDA with vLLM rollouts, else transformers) | transformers | unsloth
-    decoder: str = "auto"  # rollouts: auto (fast where supported) | fast | transformers (agonlib.decode)
-    generation_backend: str = "auto"  # rollouts: auto (vLLM where it can run) | transformers | vllm (agonlib.backends)
+    # Three choices, one key each (issue 13 renamed them from backend, decoder and generation_backend):
+    # model_loader — how the base model is loaded: auto (Unsloth only on CUDA when rollouts go through its
+    #   vLLM engine, else transformers) | transformers (transformers + peft) | unsloth.
+    model_loader: str = "auto"
+    # generation_engine — what samples the rollouts: auto (vLLM where it can run: a CUDA GPU with vLLM
+    #   installed, one process; else transformers) | transformers (agonlib's own decode loop in this process,
+    #   agonlib.generation) | vllm (a vLLM engine serving both adapters, agonlib.generation.backends).
+    generation_engine: str = "auto"
+    # decode_forward — with generation_engine transformers, the forward pass agonlib's decode loop runs:
+    #   auto (fast where supported) | fast (agonlib.generation.fast: the adapter merged into fused weights, a
+    #   preallocated KV cache; Llama/Qwen3 loaded with transformers) | transformers (the PEFT model's forward).
+    decode_forward: str = "auto"
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (long traces on a GPU)
     vllm_gpu_memory_utilization: float = 0.45  # share of GPU memory a vLLM engine may take
     thinking: bool = False  # Qwen3 enable_thinking; also picks the summary rule
@@ -141,9 +150,9 @@ class Config:
             "task": ("math", "code"),
             "dtype": ("auto", "bfloat16", "float16", "float32"),
             "device": ("auto", "cpu", "cuda"),
-            "backend": ("auto", "transformers", "unsloth"),
-            "decoder": ("auto", "fast", "transformers"),
-            "generation_backend": ("auto", "transformers", "vllm"),
+            "model_loader": ("auto", "transformers", "unsloth"),
+            "generation_engine": ("auto", "transformers", "vllm"),
+            "decode_forward": ("auto", "fast", "transformers"),
             "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
             "scale_rewards": ("group", "batch", "none"),
             "dataset": ("synthetic", "deepmath", "code_handwritten", "codecontests"),
@@ -246,14 +255,28 @@ class Config:
 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Config))
+#: Keys renamed so that each says what it chooses (issue 13): the old name is an error that names the new one.
+RENAMED = {"backend": "model_loader", "generation_backend": "generation_engine", "decoder": "decode_forward"}
+
+
+def renamed_key_error(key: str, source: str) -> ConfigError:
+    return ConfigError(f"Config key {key!r} in {source} is now {RENAMED[key]!r}: rename it "
+                       f"(see the comments on {RENAMED[key]} in agonlib/config.py).")
 
 
 def _check_keys(keys, source: str) -> None:
     for key in keys:
+        if key in RENAMED:
+            raise renamed_key_error(key, source)
         if key not in FIELD_NAMES:
             near = difflib.get_close_matches(key, FIELD_NAMES, n=1, cutoff=0.5)
             hint = f" Did you mean {near[0]!r}?" if near else ""
             raise ConfigError(f"Unknown config key {key!r} in {source}.{hint}")
+
+
+def recorded_values(values: dict) -> dict:
+    """Config values a run directory recorded (``config.json``), under today's key names."""
+    return {RENAMED.get(key, key): value for key, value in values.items()}
 
 
 def _build(values: dict, source: str) -> Config:

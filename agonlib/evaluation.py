@@ -42,9 +42,9 @@ from . import prompts
 from .agon import grade
 from .config import RUNS_DIR, Config
 from .data import problems_for
+from .generation import SamplingParams, generate, sample_seed
 from .models import load_policies
 from .parsing import final_text
-from .rollouts import SamplingParams, generate, sample_seed
 from .runs import latest_adapters, load_run_config
 
 log = logging.getLogger(__name__)

@@ -32,8 +32,8 @@ from . import prompts
 from .agon import grade, leaks
 from .config import REPO_ROOT, Config
 from .data import problems_for
+from .generation import SamplingParams, generate, sample_seed
 from .models import load_policies
-from .rollouts import SamplingParams, generate, sample_seed
 
 GATE_DIR = REPO_ROOT / "experiments" / "gate"
 CONDITIONS = ("competitive", "cooperative", "no_exchange")

@@ -110,7 +110,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 # Config keys proposed for agonlib.config.Config in issue 8, with the defaults that keep
 # today's behaviour; read through gpu_setting() so this module works before and after.
 GPU_DEFAULTS = {
-    "generation_backend": "auto",  # auto | transformers | vllm
+    "generation_engine": "auto",  # auto | transformers | vllm
     "gradient_checkpointing": False,  # recompute activations in the backward pass (long traces)
     "vllm_gpu_memory_utilization": 0.45,  # share of GPU memory a vLLM engine may take
 }
@@ -144,7 +144,7 @@ def unsloth_vllm_kwargs(config) -> dict:
     ``max_loras`` reaches Unsloth's ``load_vllm`` through ``**kwargs`` (its
     default, 1, would swap ``A`` and ``B`` in and out of one slot).
     """
-    if gpu_setting(config, "generation_backend") == "transformers" or importlib.util.find_spec("vllm") is None:
+    if gpu_setting(config, "generation_engine") == "transformers" or importlib.util.find_spec("vllm") is None:
         return {}
     return dict(fast_inference=True, max_loras=2, max_lora_rank=vllm_lora_rank(config.lora_r),
                 gpu_memory_utilization=gpu_setting(config, "vllm_gpu_memory_utilization"))
@@ -230,7 +230,7 @@ def _load_unsloth(source: str, config: Config, dtype: torch.dtype):
 def rollouts_through_vllm(config: Config) -> bool:
     """Whether the base, loaded through Unsloth, would get Unsloth's shared vLLM engine for rollouts."""
 
-    # Under data parallelism the vLLM backend is refused (agonlib.backends.vllm_problem).
+    # Under data parallelism the vLLM backend is refused (agonlib.generation.backends.vllm_problem).
     return bool(unsloth_vllm_kwargs(config)) and data_parallel_world() == 1
 
 
@@ -239,46 +239,46 @@ def use_unsloth(config: Config, device: torch.device, log_choice: bool = False) 
 
     Unsloth patches the Qwen3/Llama forward *on the class* (every such model in the
     process) to return the legacy tuple KV cache, which a transformers decode loop
-    built for ``Cache`` objects cannot reorder. So ``backend: auto`` takes Unsloth
-    only together with its vLLM engine; ``backend: unsloth`` without vLLM is honoured
+    built for ``Cache`` objects cannot reorder. So ``model_loader: auto`` takes Unsloth
+    only together with its vLLM engine; ``model_loader: unsloth`` without vLLM is honoured
     with a warning. ``log_choice`` logs the reason for the choice in one line.
     """
     available = importlib.util.find_spec("unsloth") is not None
-    if config.backend == "unsloth" and not (available and device.type == "cuda"):
+    if config.model_loader == "unsloth" and not (available and device.type == "cuda"):
         raise RuntimeError(
-            "backend=unsloth needs a CUDA GPU and the gpu extra: pip install -e '.[gpu]'. "
-            "Use backend=auto to fall back to transformers + peft."
+            "model_loader=unsloth needs a CUDA GPU and the gpu extra: pip install -e '.[gpu]'. "
+            "Use model_loader=auto to fall back to transformers + peft."
         )
     source = config.model
-    if (config.backend == "transformers" or not available or device.type != "cuda"
+    if (config.model_loader == "transformers" or not available or device.type != "cuda"
             or source in (SMOLLM2, TINY_QWEN3) or source.endswith(".gguf")):
         return False
     if rollouts_through_vllm(config):
         return True
-    if config.backend == "unsloth":
+    if config.model_loader == "unsloth":
         if log_choice:
-            log.warning("backend=unsloth without vLLM rollouts: Unsloth's patched forward returns legacy tuple "
+            log.warning("model_loader=unsloth without vLLM rollouts: Unsloth's patched forward returns legacy tuple "
                         "KV caches, so rollouts need agonlib's tuple-cache-safe decode loop. Install vllm==0.32.0 "
-                        "(before unsloth, then restart) or use backend=auto to load with transformers + peft.")
+                        "(before unsloth, then restart) or use model_loader=auto to load with transformers + peft.")
         return True
     if log_choice:
         log.info("Loading the base with transformers + peft, not Unsloth: rollouts go through transformers "
-                 "(generation_backend=%s, vLLM %s), and Unsloth's patched forward would hand them tuple KV caches.",
-                 config.generation_backend,
+                 "(generation_engine=%s, vLLM %s), and Unsloth's patched forward would hand them tuple KV caches.",
+                 config.generation_engine,
                  "installed" if importlib.util.find_spec("vllm") is not None else "not installed")
     return False
 
 
 def load_base(config: Config, device: torch.device | None = None, dtype: torch.dtype | None = None):
-    """The frozen base model and its tokenizer, as chosen by ``config.model``."""
+    """The frozen base model, its tokenizer and what loaded it (``"unsloth"`` or ``"transformers"``)."""
     device = device or pick_device(config.device)
     dtype = dtype or pick_dtype(config.dtype, device)
     source = config.model
     if use_unsloth(config, device, log_choice=True):
         model, tokenizer = _load_unsloth(source, config, dtype)
-        backend = "unsloth"
+        loader = "unsloth"
     else:
-        backend = "transformers"
+        loader = "transformers"
         if source == SMOLLM2:
             model, tokenizer = _load_gguf(smollm2_gguf_path(), dtype)
         elif source.endswith(".gguf"):
@@ -289,7 +289,7 @@ def load_base(config: Config, device: torch.device | None = None, dtype: torch.d
             model, tokenizer = _load_pretrained(source, dtype, device)
     _fix_special_tokens(model, tokenizer)
     model.requires_grad_(False)
-    return model.to(device).eval(), tokenizer, backend
+    return model.to(device).eval(), tokenizer, loader
 
 
 def _fix_special_tokens(model, tokenizer) -> None:
@@ -449,9 +449,14 @@ class Policies:
     config: Config
     device: torch.device
     dtype: torch.dtype
-    backend: str = "transformers"
+    model_loader: str = "transformers"  # what loaded the base: transformers (+ peft) or unsloth
     load_seconds: float = 0.0
     stop_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def backend(self) -> str:
+        """The old name of :attr:`model_loader`, read by notebooks/build_notebooks.py until it says model_loader."""
+        return self.model_loader
 
     def use(self, name: str | None):
         return use_adapter(self.model, name)
@@ -498,17 +503,17 @@ def load_policies(config: Config, adapters: tuple[str, ...] = ADAPTERS) -> Polic
     start = time.perf_counter()
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device)
-    base, tokenizer, backend = load_base(config, device, dtype)
+    base, tokenizer, loader = load_base(config, device, dtype)
     # The dtype the weights really have: Unsloth may load another than the one asked for (fp16 for bf16).
     loaded = weight_dtype(base)
     if loaded != dtype:
-        log.warning("Asked for %s, the %s backend loaded the base in %s; recording %s.", dtype, backend, loaded, loaded)
+        log.warning("Asked for %s, %s loaded the base in %s; recording %s.", dtype, loader, loaded, loaded)
     model = attach_adapters(base, config, adapters).to(device)
     stops = {tokenizer.eos_token_id}
     eos = base.generation_config.eos_token_id
     stops.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     return Policies(
         model=model, tokenizer=tokenizer, config=config, device=device, dtype=loaded,
-        backend=backend, load_seconds=time.perf_counter() - start,
+        model_loader=loader, load_seconds=time.perf_counter() - start,
         stop_token_ids=sorted(s for s in stops if s is not None),
     )

@@ -30,7 +30,7 @@ import torch
 import transformers
 
 from . import prompts
-from .config import Config, ConfigError, load_config
+from .config import Config, ConfigError, load_config, recorded_values
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def write_run_config(config: Config, run_dir: Path, policies=None, generation: d
                     "cpus": os.cpu_count()},
     }
     if policies is not None:
-        info["model"] = {"backend": policies.backend, "device": str(policies.device),
+        info["model"] = {"model_loader": policies.model_loader, "device": str(policies.device),
                          "dtype": str(policies.dtype), **policies.memory_report()}
     if generation is not None:
         info["generation"] = generation
@@ -109,7 +109,7 @@ def write_run_config(config: Config, run_dir: Path, policies=None, generation: d
 def recorded_config(run_dir: Path) -> dict | None:
     """The raw config values a run directory recorded, or ``None`` (no or unreadable ``config.json``)."""
     try:
-        return json.loads((Path(run_dir) / "config.json").read_text())["config"]
+        return recorded_values(json.loads((Path(run_dir) / "config.json").read_text())["config"])
     except (OSError, json.JSONDecodeError, KeyError):
         return None
 
@@ -120,7 +120,7 @@ def load_run_config(run_dir: Path) -> Config:
     if not saved.exists():
         raise FileNotFoundError(f"{run_dir} has no config.json: is it a run directory?")
     try:
-        values = dict(json.loads(saved.read_text())["config"])
+        values = recorded_values(json.loads(saved.read_text())["config"])
         return load_config(values.pop("profile"), **values)
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise ConfigError(f"{saved} is not a readable run config ({type(err).__name__}: {err}).") from None

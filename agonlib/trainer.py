@@ -25,11 +25,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .agon import Round, agon_step
-from .backends import gpu_setting, select_backend
 from .config import Config
 from .data import problems_for
 from .distributed import DataParallel, SingleProcess
 from .evaluation import evaluate_policies
+from .generation.backends import gpu_setting, select_backend
 from .grpo import UpdateConfig
 from .metrics import rollout_record
 from .models import adapter_divergence, enable_gradient_checkpointing, load_policies

@@ -42,8 +42,8 @@ Agon/GRPO step time ratio. Each backend runs against its own deadline from
 ``TIME_BUDGET_S`` (8 minutes in all on a T4).
 
 ``--dry-run`` (CPU): the tiny random ``smoke`` model instead, and for ``vllm`` the
-:class:`agonlib.vllm_reference.ReferenceEngine` stand-in (adapters through their
-directories and ``LoRARequest`` ids, sampled by ``agonlib.rollouts``): every
+:class:`agonlib.generation.vllm_reference.ReferenceEngine` stand-in (adapters through their
+directories and ``LoRARequest`` ids, sampled by agonlib's decode loop): every
 line of this module runs, none of vLLM does.
 """
 
@@ -62,13 +62,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agonlib import agon, load_config
-from agonlib.backends import VLLMBackend, gpu_setting, logprob_mismatch, select_backend
+from agonlib.generation import SamplingParams
+from agonlib.generation.backends import VLLMBackend, gpu_setting, logprob_mismatch, select_backend
+from agonlib.generation.vllm_reference import REFERENCE_API, ReferenceEngine
 from agonlib.grpo import _LOGSOFTMAX_CHUNK, completion_logprobs
 from agonlib.models import load_policies, pick_dtype, qwen3_06b_config, qwen3_tokenizer_dir
 from agonlib.prompts import draft_prompt, render
-from agonlib.rollouts import SamplingParams
 from agonlib.trainer import Trainer
-from agonlib.vllm_reference import REFERENCE_API, ReferenceEngine
 
 GIB = 2**30
 PERTURB_STD = 0.05  # both LoRA matrices: ΔW ≈ 2·(0.05²)·√16 ≈ 0.02 per entry, the scale of the base's init
@@ -242,7 +242,8 @@ def run_backend(name: str, model: str, work: Path, *, dry_run: bool, steps: int,
 
     sizes = dict(model=model, dataset="synthetic", levels=[1, 2], steps=steps, problems_per_step=problems,
                  num_generations=generations, max_new_tokens=max_new_tokens, out_dir=str(work / f"run-{name}"),
-                 checkpoint_every=10_000, eval_every=10_000, backend="transformers" if name == "transformers" else "auto")
+                 checkpoint_every=10_000, eval_every=10_000,
+                 model_loader="transformers" if name == "transformers" else "auto")
     config = load_config("smoke", **sizes) if dry_run else load_config("colab", device="cuda", **sizes)
     result = {"backend": name, "model": model, "steps": []}
     start = time.perf_counter()
@@ -253,7 +254,7 @@ def run_backend(name: str, model: str, work: Path, *, dry_run: bool, steps: int,
         backend = select_backend(config, policies, name)
     # load_s includes the vLLM engine's start-up (compile and CUDA graphs) where the base loads through Unsloth.
     result.update(engine=getattr(backend, "engine_kind", name), load_s=time.perf_counter() - start,
-                  base_loader=policies.backend, dtype=str(policies.dtype), device=str(policies.device))
+                  base_loader=policies.model_loader, dtype=str(policies.dtype), device=str(policies.device))
     trainer = Trainer(config, policies=policies, backend=backend, dp=None, progress=False)
     agon.grade = varied_grade  # this process runs the check only: every step then updates both adapters
     if torch.cuda.is_available():

@@ -1,8 +1,8 @@
-"""Generation backends (agonlib.backends): selection, and the vLLM backend's bookkeeping with vLLM mocked.
+"""Generation backends (agonlib.generation.backends): selection, and the vLLM backend's bookkeeping with vLLM mocked.
 
 No GPU and no vLLM here: the vLLM backend runs on the ``ReferenceEngine``
 stand-in (adapters read back from their directories, sampled by
-``agonlib.rollouts``), or on a fake ``vllm`` module that records what it is
+``agonlib.generation``), or on a fake ``vllm`` module that records what it is
 given. What this proves: adapters reach the engine through the right
 directories and request ids, seeds pass through, the base gets no adapter, and
 rollouts come back parsed as the transformers path parses them. What it cannot:
@@ -21,10 +21,10 @@ import torch
 from safetensors.torch import load_file
 
 import agonlib
-from agonlib import agon, backends, models
-from agonlib.backends import BackendError, TransformersBackend, VLLMBackend, logprob_mismatch, select_backend
-from agonlib.vllm_reference import REFERENCE_API, ReferenceEngine
-from agonlib.rollouts import SamplingParams
+from agonlib import agon, models
+from agonlib.generation import SamplingParams, backends
+from agonlib.generation.backends import BackendError, TransformersBackend, VLLMBackend, logprob_mismatch, select_backend
+from agonlib.generation.vllm_reference import REFERENCE_API, ReferenceEngine
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_vllm_cpu_build_runs_on_cpu(monkeypatch):
 def test_auto_keeps_the_fast_decoder_on_cpu_with_the_cpu_build(monkeypatch, caplog):
     monkeypatch.setattr(backends, "vllm_build", lambda: "cpu")
     policies = _fake_policies(device="cpu")
-    with caplog.at_level("INFO", logger="agonlib.backends"):
+    with caplog.at_level("INFO", logger="agonlib.generation.backends"):
         assert isinstance(select_backend(policies.config, policies, "auto"), TransformersBackend)
     assert "fast decoder measured faster than vLLM's CPU build" in caplog.text
 
@@ -121,7 +121,7 @@ def test_vllm_is_refused_under_data_parallelism(monkeypatch, how):
     shared = _fake_policies(engine=object())  # Unsloth's engine is built the same way
     for policies in (_fake_policies(), shared):
         assert "refused under data parallelism" in backends.vllm_problem(policies)
-        with pytest.raises(BackendError, match="data parallelism.*generation_backend=transformers"):
+        with pytest.raises(BackendError, match="data parallelism.*generation_engine=transformers"):
             select_backend(policies.config, policies, "vllm")
         assert isinstance(select_backend(policies.config, policies, "auto"), TransformersBackend)
     monkeypatch.setenv("WORLD_SIZE", "1")
@@ -133,14 +133,14 @@ def test_select_on_cpu(smoke_policies):
     cfg = smoke_policies.config
     assert isinstance(select_backend(cfg, smoke_policies), TransformersBackend)  # auto falls back
     assert isinstance(select_backend(cfg, smoke_policies, "transformers"), TransformersBackend)
-    with pytest.raises(BackendError, match="needs a CUDA GPU.*generation_backend=transformers"):
+    with pytest.raises(BackendError, match="needs a CUDA GPU.*generation_engine=transformers"):
         select_backend(cfg, smoke_policies, "vllm")
     with pytest.raises(BackendError, match="not one of auto, transformers, vllm"):
         select_backend(cfg, smoke_policies, "sglang")
 
 
 def test_gpu_settings_default_until_config_has_them():
-    assert backends.gpu_setting(SimpleNamespace(), "generation_backend") == "auto"
+    assert backends.gpu_setting(SimpleNamespace(), "generation_engine") == "auto"
     assert backends.gpu_setting(SimpleNamespace(), "gradient_checkpointing") is False
     assert backends.gpu_setting(SimpleNamespace(gradient_checkpointing=True), "gradient_checkpointing") is True
 
@@ -153,7 +153,7 @@ def test_vllm_lora_rank(r, rank):
 # --- the vLLM backend on the reference engine ---------------------------------------------
 
 def test_transformers_backend_is_rollouts_generate(smoke_policies):
-    from agonlib.rollouts import generate
+    from agonlib.generation import generate
 
     ours = TransformersBackend(smoke_policies).generate(PROMPTS, "B", SEEDS, PARAMS, progress=False)
     ref = generate(smoke_policies, PROMPTS, "B", SEEDS, PARAMS, progress=False)
@@ -405,21 +405,26 @@ def test_unsloth_vllm_kwargs(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "vllm" else real(n, *a))
     assert models.unsloth_vllm_kwargs(cfg) == dict(fast_inference=True, max_loras=2, max_lora_rank=16,
                                                      gpu_memory_utilization=0.45)
-    assert models.unsloth_vllm_kwargs(SimpleNamespace(generation_backend="transformers", lora_r=16)) == {}
+    assert models.unsloth_vllm_kwargs(SimpleNamespace(generation_engine="transformers", lora_r=16)) == {}
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
     assert models.unsloth_vllm_kwargs(cfg) == {}
 
 
 def test_vllm_completions_stop_at_the_answer_like_the_transformers_path(smoke_policies):
-    from agonlib.backends import _to_rollout
-    from agonlib.rollouts import AnswerStop
+    from agonlib.generation import Settings
+    from agonlib.generation.backends import _to_rollout
 
     tok = smoke_policies.tokenizer
     boxed = tok("So 2+2=4. \\boxed{4}", add_special_tokens=False)["input_ids"]
     tail = tok(" and then more", add_special_tokens=False)["input_ids"]
     out = SimpleNamespace(token_ids=boxed + tail, logprobs=None, finish_reason="length", stop_reason=None)
     stops = set(smoke_policies.stop_token_ids)
-    trimmed = _to_rollout(tok, "p", [1], out, 0, stops, False, "math", "raw_logprobs", AnswerStop(tok, False))
+
+    def vllm_rollout(stop_at_answer):
+        job = Settings.resolve(smoke_policies, ["p"], [0], thinking=False, task="math", stop_at_answer=stop_at_answer)
+        return _to_rollout(job, tok, "p", [1], out, 0, stops, "raw_logprobs")
+
+    trimmed = vllm_rollout(True)
     assert trimmed.completion_ids == boxed and not trimmed.truncated and trimmed.answer == "4"
-    whole = _to_rollout(tok, "p", [1], out, 0, stops, False, "math", "raw_logprobs")
+    whole = vllm_rollout(False)
     assert whole.completion_ids == boxed + tail and whole.truncated  # without the rule: ran to the cap

@@ -118,7 +118,7 @@ def test_unsloth_loads_the_base_only_when_rollouts_go_through_vllm(fake_gpu, mod
     assert fake_gpu.unsloth_calls[-1]["fast_inference"] is True and fake_gpu.unsloth_calls[-1]["max_loras"] == 2
 
     # vLLM installed but rollouts asked of transformers; or data parallelism, where vLLM is refused.
-    for overrides, env in (({"generation_backend": "transformers"}, "1"), ({}, "2")):
+    for overrides, env in (({"generation_engine": "transformers"}, "1"), ({}, "2")):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("WORLD_SIZE", env)
             _, _, backend = load_base(config.replace(**overrides), CUDA, torch.float32)
@@ -126,8 +126,8 @@ def test_unsloth_loads_the_base_only_when_rollouts_go_through_vllm(fake_gpu, mod
     assert len(fake_gpu.unsloth_calls) == 1
 
 
-def test_backend_unsloth_without_vllm_is_honoured_with_a_warning(fake_gpu, model_dir, caplog):
-    config = load_config("smoke", model=str(model_dir), device="cpu", dtype="float32", backend="unsloth")
+def test_model_loader_unsloth_without_vllm_is_honoured_with_a_warning(fake_gpu, model_dir, caplog):
+    config = load_config("smoke", model=str(model_dir), device="cpu", dtype="float32", model_loader="unsloth")
     with caplog.at_level(logging.WARNING, logger="agonlib.models"):
         _, _, backend = load_base(config, CUDA, torch.float32)
     assert backend == "unsloth"
@@ -174,7 +174,7 @@ def test_fp16_trains_with_one_grad_scaler_per_adapter_and_checkpoints_it(tmp_pat
 def test_the_gpu_extra_pins_vllm_and_unsloth():
     import tomllib
 
-    from agonlib.backends import VLLM_VERSION
+    from agonlib.generation.backends import VLLM_VERSION
 
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     gpu = project["optional-dependencies"]["gpu"]

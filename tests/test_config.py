@@ -339,3 +339,51 @@ def test_cells_file_only_uses_known_keys():
     known = set(Config.__dataclass_fields__)
     for name, overrides in cells.items():
         assert set(overrides) <= known, name
+
+
+# --- renamed keys (issue 13): one name per choice ------------------------------------------
+
+
+RENAMES = [
+    # (old key, new key, a value both accept)
+    ("backend", "model_loader", "transformers"),  # how the base model is loaded
+    ("generation_backend", "generation_engine", "transformers"),  # what samples the rollouts
+    ("decoder", "decode_forward", "fast"),  # the forward pass agonlib's decode loop runs
+]
+
+
+@pytest.mark.parametrize("old,new,value", RENAMES)
+def test_old_keys_are_refused_with_the_new_name(old, new, value, tmp_path):
+    assert getattr(load_config("smoke", **{new: value}), new) == value
+    with pytest.raises(ConfigError, match=f"'{old}' in overrides is now '{new}'"):
+        load_config("smoke", **{old: value})  # an override, as --set passes it
+    with pytest.raises(ConfigError, match=f"is now '{new}'"):
+        load_config("smoke").replace(**{old: value})
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"profile": "smoke", old: value}))
+    with pytest.raises(ConfigError, match=f"'{old}' in {path} is now '{new}'"):
+        load_config(str(path))
+
+
+@pytest.mark.parametrize("old,new,value", RENAMES)
+def test_the_cli_and_reproduce_refuse_old_keys(old, new, value, capsys):
+    from agonlib.__main__ import main
+    from agonlib.study.reproduce import resolve_parameters
+
+    assert main(["train", "smoke", "--set", f"{old}={value}"]) != 0
+    assert f"is now '{new}'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=f"'{old}' in --set is now '{new}'"):
+        resolve_parameters([], "smoke", settings={old: value})
+
+
+def test_run_records_with_old_keys_still_load(tmp_path):
+    from agonlib.runs import load_run_config, recorded_config
+
+    values = load_config("smoke", out_dir=str(tmp_path)).to_dict()
+    for old, new, value in RENAMES:  # a config.json written before the renames
+        del values[new]
+        values[old] = value
+    (tmp_path / "config.json").write_text(json.dumps({"config": values}))
+    cfg = load_run_config(tmp_path)
+    assert (cfg.model_loader, cfg.generation_engine, cfg.decode_forward) == ("transformers", "transformers", "fast")
+    assert recorded_config(tmp_path)["decode_forward"] == "fast"

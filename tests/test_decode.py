@@ -1,4 +1,4 @@
-"""The fast rollout decoder (agonlib/decode.py) and the sampler (agonlib.rollouts.draw).
+"""The fast rollout decoder (agonlib/generation/fast.py), its engine, and the sampler (agonlib.generation.draw).
 
 The fast path must be the same model function and the same sampling as the
 ``transformers`` path and as plain ``model.generate``: logits equal up to float
@@ -10,17 +10,17 @@ import dataclasses
 import pytest
 import torch
 
-from agonlib import decode
+from agonlib.generation import SamplingParams, draw, fast, generate, sample_seed
+from agonlib.generation.engines import FastEngine, TransformersEngine, engine_for
+from agonlib.generation.layout import left_padded
 from agonlib.prompts import draft_prompt, render
-from agonlib.rollouts import SamplingParams, _left_padded, draw, generate, sample_seed
 
 QUESTIONS = ["What is 2+2?", "A shop sells 3 pens for 12 dollars. How much do 5 pens cost?", "Compute 7*8."]
 
 
 def _encode(policies, texts):
     tok = policies.tokenizer
-    enc = _left_padded(tok(texts, add_special_tokens=False)["input_ids"], 512, tok.pad_token_id, policies.device)
-    return enc["input_ids"], enc["attention_mask"]
+    return left_padded(tok(texts, add_special_tokens=False)["input_ids"], tok.pad_token_id, policies.device)
 
 
 def _fast_vs_transformers(policies, adapter, atol):
@@ -28,15 +28,15 @@ def _fast_vs_transformers(policies, adapter, atol):
     texts = [render(policies.tokenizer, draft_prompt(q)) for q in QUESTIONS]
     ids, mask = _encode(policies, texts)  # (3, T) left-padded
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    fast = decode.FastDecoder(policies.model, adapter)
-    cache = fast.new_cache(len(texts), ids.shape[1] + 2)
+    decoder = fast.FastDecoder(policies.model, adapter)
+    cache = decoder.new_cache(len(texts), ids.shape[1] + 2)
     key_mask = torch.cat([mask, mask.new_zeros(len(texts), 2)], dim=1)
-    got, width = [fast.forward(ids, positions, key_mask, cache)], ids.shape[1]
+    got, width = [decoder.forward(ids, positions, key_mask, cache)], ids.shape[1]
     for step, token in enumerate(([11], [42])):
         key_mask[:, width + step] = 1
         ids = torch.cat([ids, torch.tensor([token] * len(texts))], dim=1)
         positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
-        got.append(fast.forward(ids[:, -1:], positions[:, -1:], key_mask, cache))
+        got.append(decoder.forward(ids[:, -1:], positions[:, -1:], key_mask, cache))
     with policies.use(adapter), torch.no_grad():
         full = policies.model(input_ids=ids, attention_mask=key_mask, position_ids=positions).logits  # (3, T+2, V)
     for k, logits in enumerate(got):
@@ -75,38 +75,40 @@ def test_fast_and_transformers_paths_draw_the_same_tokens(smoke_policies, monkey
     seeds = [sample_seed(3, 1, i, 0) for i in range(len(prompts))]
     runs = {}
     for choice in ("transformers", "fast"):
-        monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decoder=choice))
+        monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decode_forward=choice))
         runs[choice] = [r.completion_ids for r in generate(smoke_policies, prompts, "B", seeds, params, progress=False)]
     assert runs["fast"] == runs["transformers"]
 
 
-def test_decoder_choice(smoke_policies, monkeypatch):
-    from agonlib.rollouts import fast_decoder
+def _forward(policies, monkeypatch, choice):
+    monkeypatch.setattr(policies, "config", dataclasses.replace(policies.config, decode_forward=choice))
 
-    for choice, expected in (("auto", decode.FastDecoder), ("fast", decode.FastDecoder), ("transformers", type(None))):
-        monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decoder=choice))
-        assert isinstance(fast_decoder(smoke_policies, "A"), expected)
+
+def test_decode_forward_choice(smoke_policies, monkeypatch):
+    for choice, expected in (("auto", FastEngine), ("fast", FastEngine), ("transformers", TransformersEngine)):
+        _forward(smoke_policies, monkeypatch, choice)
+        assert isinstance(engine_for(smoke_policies, "A"), expected)
     with pytest.raises(ValueError, match="No adapter 'C'"):
-        fast_decoder(smoke_policies, "C")
+        engine_for(smoke_policies, "C")
     # a model it does not know: auto falls back, fast says why it cannot
-    monkeypatch.setattr(decode, "supports", lambda model: False)
-    monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decoder="auto"))
-    assert fast_decoder(smoke_policies, "A") is None
-    monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decoder="fast"))
-    with pytest.raises(ValueError, match="decoder=fast needs"):
-        fast_decoder(smoke_policies, "A")
+    monkeypatch.setattr(fast, "supports", lambda model: False)
+    _forward(smoke_policies, monkeypatch, "auto")
+    assert isinstance(engine_for(smoke_policies, "A"), TransformersEngine)
+    _forward(smoke_policies, monkeypatch, "fast")
+    with pytest.raises(ValueError, match="decode_forward=fast needs"):
+        engine_for(smoke_policies, "A")
 
 
 def test_supports_only_dense_llama_and_qwen3(smoke_policies):
-    assert decode.supports(smoke_policies.model)
-    assert not decode.supports(object())
+    assert fast.supports(smoke_policies.model)
+    assert not fast.supports(object())
     cfg = smoke_policies.model.config
     for change in ({"model_type": "gpt2"}, {"hidden_act": "gelu"}, {"use_sliding_window": True}):
         saved = {k: getattr(cfg, k, None) for k in change}
         try:
             for k, v in change.items():
                 setattr(cfg, k, v)
-            assert not decode.supports(smoke_policies.model), change
+            assert not fast.supports(smoke_policies.model), change
         finally:
             for k, v in saved.items():
                 setattr(cfg, k, v)
@@ -153,7 +155,7 @@ def test_draw_matches_the_exact_distribution(smoke_policies):
 
 def test_plain_generate_and_the_fast_path_sample_the_same_distribution(smoke_policies, monkeypatch):
     """First tokens of agonlib's fast path and of transformers' ``generate`` against the exact top-k distribution."""
-    monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decoder="fast"))
+    _forward(smoke_policies, monkeypatch, "fast")
     prompt = render(smoke_policies.tokenizer, draft_prompt(QUESTIONS[0]))
     support, probs = _first_token_probs(smoke_policies, prompt)
     params = SamplingParams(temperature=1.0, top_k=TOP_K, max_new_tokens=1)
@@ -177,7 +179,7 @@ def test_plain_generate_and_the_fast_path_sample_the_same_distribution(smoke_pol
 # --- shared prefixes in the prefill ---------------------------------------------------------------------
 
 def test_share_prefixes_groups_a_problems_challenges():
-    from agonlib.rollouts import MIN_SHARED, share_prefixes
+    from agonlib.generation import MIN_SHARED, share_prefixes
 
     head = list(range(100, 100 + MIN_SHARED))  # system prompt and example, shared by every prompt
     p1, p2 = head + list(range(20)), head + list(range(30, 45))  # two problems, each with its rival intro
@@ -192,22 +194,22 @@ def test_share_prefixes_groups_a_problems_challenges():
 
 
 def test_shared_prefix_prefill_gives_the_same_logits(smoke_policies):
+    from agonlib.generation import prompt_layout
     from agonlib.prompts import challenge_prompt
-    from agonlib.rollouts import prefill, prompt_layout
 
     tok = smoke_policies.tokenizer
     summaries = ["First add 3 and 4.", "Multiply the price by five, then subtract.", ""]
     texts = [render(tok, challenge_prompt(q, s)) for q in QUESTIONS[:2] for s in summaries]
     ids = tok(texts, add_special_tokens=False)["input_ids"]
-    suffixes, prefix = prompt_layout(ids, tok.pad_token_id, smoke_policies.device)
+    (suffix_ids, suffix_mask), prefix = prompt_layout(ids, tok.pad_token_id, smoke_policies.device)
     # every challenge shares the opening and the worked challenge turns; the summary and the problem come last
     assert prefix is not None and prefix.group.tolist() == [0] * 6
     assert prefix.attention_mask.sum() > len(ids[0]) // 2
-    fast = decode.FastDecoder(smoke_policies.model, "B")
-    shared, cache, mask, positions = prefill(fast, suffixes["input_ids"], suffixes["attention_mask"], 4, prefix)
-    whole = _left_padded(ids, 4096, tok.pad_token_id, smoke_policies.device)
-    plain, _, plain_mask, plain_positions = prefill(fast, whole["input_ids"], whole["attention_mask"], 4)
+    engine, plain_engine = (FastEngine(fast.FastDecoder(smoke_policies.model, "B")) for _ in range(2))
+    shared = engine.prefill(suffix_ids, suffix_mask, 4, prefix)
+    plain = plain_engine.prefill(*left_padded(ids, tok.pad_token_id, smoke_policies.device), 4)
     torch.testing.assert_close(shared, plain, rtol=0, atol=1e-5)
+    mask = engine.key_mask[:, : engine.filled]  # (U, T_prompt): prefix, padding, suffix
     assert mask.sum(1).tolist() == [len(x) for x in ids]  # every prompt token is seen, once
-    assert positions[:, -1].tolist() == plain_positions[:, -1].tolist()
-    assert cache.k.shape[1] == len(ids) and cache.used == mask.shape[1]
+    assert engine.position.tolist() == plain_engine.position.tolist()  # the next token's rotary position
+    assert engine.cache.k.shape[1] == len(ids) and engine.cache.used == engine.filled

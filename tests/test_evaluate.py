@@ -9,7 +9,7 @@ import agonlib
 from agonlib import evaluation as evaluate, prompts
 from agonlib.study import results
 from agonlib.parsing import split_completion
-from agonlib.rollouts import Rollout
+from agonlib.generation import Rollout
 
 PASS_AT_K = [
     # (n, c, k, expected) — hand-computed 1 - C(n-c, k) / C(n, k)

@@ -191,4 +191,4 @@ def test_issue8_keys_in_the_profiles(name):
         assert bool(active) == (key in FIELD_NAMES) and bool(pending) != bool(active), key
     if "gradient_checkpointing" in FIELD_NAMES:
         cfg = agonlib.load_config(name)
-        assert cfg.gradient_checkpointing and cfg.generation_backend == "auto"
+        assert cfg.gradient_checkpointing and cfg.generation_engine == "auto"

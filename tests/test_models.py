@@ -413,7 +413,7 @@ def test_cuda_asked_for_without_a_gpu():
 @pytest.mark.slow
 def test_smollm2_gguf_loads_and_completes(smol_policies):
     from agonlib.prompts import draft_prompt, render
-    from agonlib.rollouts import SamplingParams, generate
+    from agonlib.generation import SamplingParams, generate
 
     tok = smol_policies.tokenizer
     # the GGUF names <|im_start|> as eos; the loader must stop on <|im_end|> instead

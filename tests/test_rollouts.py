@@ -1,4 +1,4 @@
-"""Batched sampling with a seed per completion (agonlib/rollouts.py).
+"""Batched sampling with a seed per completion (agonlib.generation: generate, the decode loop, its engines).
 
 Two kinds of model (STYLE 5): the smoke profile's tiny random Qwen3 for wiring and
 seeding, and a scripted stand-in that puts all probability on a fixed token sequence
@@ -13,9 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agonlib import decode
+from agonlib.generation import GenerationStats, SamplingParams, draw, fast, generate, sample_seed, warp_logits
 from agonlib.prompts import draft_prompt, render
-from agonlib.rollouts import GenerationStats, SamplingParams, draw, generate, sample_seed, warp_logits
 
 QUESTIONS = [
     "What is 2+2?",
@@ -122,16 +121,16 @@ def test_left_padding_moves_logits_by_rounding_only(smoke_policies, prompts):
 # --- adapters ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("decoder", ["transformers", "fast"])
-def test_adapter_choice(smoke_policies, prompts, monkeypatch, decoder):
-    monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decoder=decoder))
+@pytest.mark.parametrize("forward", ["transformers", "fast"])
+def test_adapter_choice(smoke_policies, prompts, monkeypatch, forward):
+    monkeypatch.setattr(smoke_policies, "config", dataclasses.replace(smoke_policies.config, decode_forward=forward))
     seeds = _seeds()
     base, a = (_ids(_gen(smoke_policies, prompts, seeds, adapter=name)) for name in (None, "A"))
     assert a == base  # A starts equal to the base: same logits, same draws
     # B's tokens need not differ from A's here: at b_init_std=0.01 on a near-uniform 151k
     # vocabulary the same uniforms mostly pick the same tokens. So watch the switch instead:
     # the transformers path runs every batch under policies.use(B); the fast path merges B once.
-    seen, use, fast = [], smoke_policies.use, decode.FastDecoder
+    seen, use, real_fast = [], smoke_policies.use, fast.FastDecoder
 
     @contextlib.contextmanager
     def spy(name):
@@ -141,12 +140,12 @@ def test_adapter_choice(smoke_policies, prompts, monkeypatch, decoder):
 
     def spy_fast(model, adapter):
         seen.append((adapter, "merged"))
-        return fast(model, adapter)
+        return real_fast(model, adapter)
 
     monkeypatch.setattr(smoke_policies, "use", spy)
-    monkeypatch.setattr(decode, "FastDecoder", spy_fast)
+    monkeypatch.setattr(fast, "FastDecoder", spy_fast)
     _gen(smoke_policies, prompts, seeds, adapter="B", batch_size=2)
-    assert seen == ([("B", "B"), ("B", "B")] if decoder == "transformers" else [("B", "merged")])
+    assert seen == ([("B", "B"), ("B", "B")] if forward == "transformers" else [("B", "merged")])
     assert smoke_policies.model.active_adapter == "A"  # the previous adapter is back (or never left)
 
 
@@ -334,7 +333,7 @@ def test_stop_at_answer_and_both_cache_kinds(smoke_policies, model_cls):
 
 
 def test_stop_at_answer_waits_for_think_to_close(smoke_policies):
-    from agonlib.rollouts import AnswerStop
+    from agonlib.generation import AnswerStop
 
     stop = AnswerStop(smoke_policies.tokenizer, thinking=True)
     ids = smoke_policies.tokenizer("<think>maybe \\boxed{3}</think>It is \\boxed{4} ok", add_special_tokens=False)["input_ids"]
@@ -344,7 +343,7 @@ def test_stop_at_answer_waits_for_think_to_close(smoke_policies):
 
 
 def test_rollout_batches_fit_free_gpu_memory(smoke_policies, monkeypatch):
-    from agonlib import rollouts
+    from agonlib.generation import rollouts
 
     per_token = rollouts.kv_bytes_per_token(smoke_policies.model)
     cfg = smoke_policies.model.get_base_model().config

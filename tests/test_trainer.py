@@ -111,7 +111,7 @@ def test_competitive_rewards_follow_the_grades(tiny, hashed_grader, tmp_path):
 
 
 def test_build_batch_layout():
-    from agonlib.rollouts import Rollout
+    from agonlib.generation import Rollout
 
     rs = [Rollout("", [5, 6, 7], [8, 9], "", "", "", None, 2, False, 0),
           Rollout("", [5], [8, 9, 10], "", "", "", None, 3, True, 0)]
@@ -242,7 +242,7 @@ class BoxedBackend:
 
     def generate(self, prompt_texts, adapter, seeds, params=None, thinking=False, task="math", **kw):
         from agonlib.parsing import split_completion
-        from agonlib.rollouts import Rollout
+        from agonlib.generation import Rollout
 
         text = self.texts[len(self.calls) % 2]
         self.calls.append({"adapter": adapter, "prompts": list(prompt_texts), "cap": params.max_new_tokens})

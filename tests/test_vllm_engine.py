@@ -10,7 +10,7 @@ smoke model's 16 is refused).
 Run with ``make test-vllm`` (builds ``.venv-vllm`` on first use). In the main
 venv vLLM is absent and the module is skipped. One engine serves the whole
 module: it is built the way a run builds it, by the ``Trainer`` from a config
-with ``generation_backend: vllm``, and the tests share it (starting one takes
+with ``generation_engine: vllm``, and the tests share it (starting one takes
 ~20 s here). The tests change the adapters' weights; each sets the weights it
 compares.
 """
@@ -26,8 +26,8 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: `make tes
 
 import agonlib  # noqa: E402
 from agonlib import agon  # noqa: E402
-from agonlib.backends import VLLMBackend, logprob_mismatch  # noqa: E402
-from agonlib.rollouts import SamplingParams, generate  # noqa: E402
+from agonlib.generation.backends import VLLMBackend, logprob_mismatch  # noqa: E402
+from agonlib.generation import SamplingParams, generate  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -62,7 +62,7 @@ def trainer(tiny_qwen3_dir, tmp_path_factory):
     """A smoke-sized Trainer whose config selects the vLLM backend (the engine every test here shares)."""
     from agonlib.trainer import Trainer
 
-    cfg = agonlib.load_config("smoke", model=str(tiny_qwen3_dir), generation_backend="vllm", device="cpu",
+    cfg = agonlib.load_config("smoke", model=str(tiny_qwen3_dir), generation_engine="vllm", device="cpu",
                               dtype="float32", out_dir=str(tmp_path_factory.mktemp("run")))
     return Trainer(cfg, policies=agonlib.load_policies(cfg), dp=None, progress=False)
 

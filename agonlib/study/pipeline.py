@@ -247,8 +247,8 @@ def evaluate_runs(profile: str, *, runs=None, systems=None, out_dir: str | Path 
 
 #: Config keys that decide the loaded model and the adapters' shapes, or that generation reads from the
 #: model's own config (``policies.config``) rather than from the run's.
-MODEL_KEYS = ("model", "dtype", "device", "backend", "thinking", "tiny_hidden_size", "tiny_layers", "lora_r",
-              "lora_alpha", "lora_dropout", "lora_targets", "b_init_std", "task", "max_prompt_tokens", "decoder")
+MODEL_KEYS = ("model", "dtype", "device", "model_loader", "thinking", "tiny_hidden_size", "tiny_layers", "lora_r",
+              "lora_alpha", "lora_dropout", "lora_targets", "b_init_std", "task", "max_prompt_tokens", "decode_forward")
 
 
 def _shared_policies(run_dir: Path, config: Config, loaded: dict):
@@ -290,7 +290,7 @@ def collect_results(profile: str, out_dir: str | Path | None = None):
 # --- environment and one round (00_setup) ------------------------------------------------
 
 def environment(config: Config) -> dict:
-    """What a run would use here: device, dtype, backend, threads and versions."""
+    """What a run would use here: device, dtype, model loader, threads and versions."""
     device = pick_device(config.device)
     info = {
         "profile": config.profile,
@@ -298,7 +298,7 @@ def environment(config: Config) -> dict:
         "device": str(device),
         "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
         "dtype": str(pick_dtype(config.dtype, device)).replace("torch.", ""),
-        "backend": "unsloth" if use_unsloth(config, device) else "transformers",
+        "model_loader": "unsloth" if use_unsloth(config, device) else "transformers",
         "torch threads": torch.get_num_threads(),
         "cpu cores": os.cpu_count(),
         "python": sys.version.split()[0],

@@ -43,7 +43,7 @@ from pathlib import Path
 import jupytext
 import yaml
 
-from ..config import FIELD_NAMES, REPO_ROOT, ConfigError, load_config, parse_override
+from ..config import FIELD_NAMES, RENAMED, REPO_ROOT, ConfigError, load_config, parse_override, renamed_key_error
 from ..gate import cached_gate, format_gate, gate_path
 from .paths import output_paths
 
@@ -167,6 +167,8 @@ def resolve_parameters(notebooks: list[Path], profile: str, *, settings: dict | 
             shared[key] = value
         elif key in FIELD_NAMES:
             overrides[key] = value
+        elif key in RENAMED:
+            raise renamed_key_error(key, "--set")
         else:
             near = difflib.get_close_matches(key, sorted(known | set(FIELD_NAMES)), n=1, cutoff=0.5)
             raise ConfigError(f"--set {key}: not a notebook parameter nor a config key."

@@ -4,7 +4,7 @@ Why: on a 2-core CPU a decode step of SmolLM2-135M through PEFT and
 ``transformers`` runs three matmuls per LoRA linear (base, ``A``, ``B``), casts
 and scales between them, grows the KV cache by concatenation every step and
 rebuilds a 4-D mask per layer. Here each linear is one matmul with
-``W + scaling · B @ A`` merged once per :func:`agonlib.rollouts.generate` call;
+``W + scaling · B @ A`` merged once per :func:`agonlib.generation.generate` call;
 ``q/k/v`` and ``gate/up`` are fused into one matmul each; keys and values go
 into a cache allocated once; finished rows leave the batch in a single copy
 when enough of them have finished. Measurements: ``benchmarks/NOTES.md``.
@@ -12,11 +12,12 @@ when enough of them have finished. Measurements: ``benchmarks/NOTES.md``.
 What stays the same: the model function (the norms, rotary embedding and
 activation are the base model's own modules; the merged weight differs from
 ``W x + s·B(A x)`` only by float rounding — a test checks the log-probs against
-the ``transformers`` forward) and the sampling (``agonlib.rollouts.draw``).
+the ``transformers`` forward) and the sampling (``agonlib.generation.sampling.draw``).
+:class:`agonlib.generation.engines.FastEngine` runs it in agonlib's decode loop.
 
 Supported: the Llama family (SmolLM2) and Qwen3 (``q_norm``/``k_norm``), dense,
-no sliding window. :func:`supports` says whether a model qualifies; the
-rollout path falls back to the ``transformers`` forward otherwise.
+no sliding window. :func:`supports` says whether a model qualifies; with
+``decode_forward: auto`` the rollouts fall back to the ``transformers`` forward otherwise.
 """
 
 from __future__ import annotations

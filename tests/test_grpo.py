@@ -502,6 +502,46 @@ def test_chunked_logprobs_and_gradients_equal_the_plain_float32_computation(monk
     assert torch.all(got_grad[:, -1] == 0) and torch.all(got_grad[1, -3:-1] == 0)
 
 
+def test_token_logprobs_equal_trls_selective_log_softmax():
+    """TRL's `selective_log_softmax` is the well-kept reference; ours computes the same values and gradients
+    without its full-size float32 copy of the logits (divided by the temperature) and their gradient."""
+    from trl.trainer.utils import selective_log_softmax
+
+    g = torch.Generator().manual_seed(3)
+    logits = (4 * torch.randn(3, 9, 64, generator=g)).requires_grad_(True)
+    ids = torch.randint(0, 64, (3, 8), generator=g)
+    weights = torch.randn(3, 8, generator=g)
+    ours = grpo._TokenLogprobs.apply(logits, ids, 0.7)  # positions 0..7 of the logits predict ids
+    (ours * weights).sum().backward()
+    ours_grad, logits.grad = logits.grad, None
+    trl = selective_log_softmax(logits[:, :-1], ids, temperature=0.7)
+    (trl * weights).sum().backward()
+    assert torch.allclose(ours, trl, atol=1e-5)
+    assert torch.allclose(ours_grad, logits.grad, atol=1e-6)
+
+
+def test_micro_batches_skip_the_padding_every_row_has(monkeypatch):
+    """Left columns before a micro-batch's first token and right columns after its longest completion are
+    not run; the log-probs are the same as with them."""
+    calls = []
+    B, Tc, V = 4, 6, 40
+    g = torch.Generator().manual_seed(5)
+    table = torch.randn(V, V, generator=g)
+
+    def model(input_ids, attention_mask, position_ids, logits_to_keep):  # a bigram model: padding-free
+        calls.append(input_ids.shape)
+        return SimpleNamespace(logits=table[input_ids][:, -logits_to_keep:])
+
+    ids = torch.randint(1, V, (B, 5 + Tc), generator=g)
+    mask = torch.ones_like(ids)
+    mask[:2, :3] = 0  # rows 0-1: a shorter prompt (left padding)
+    mask[:2, -4:] = 0  # and a completion 2 tokens long (right padding)
+    full = completion_logprobs(model, ids, mask, Tc, micro_batch_size=B)
+    split = completion_logprobs(model, ids, mask, Tc, micro_batch_size=2)
+    assert calls == [(4, 11), (2, 4), (2, 11)]  # rows 0-1: columns 3..6 only
+    assert torch.allclose(full, split) and torch.all(split[:2, 2:] == 0)
+
+
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_dropping_zero_advantage_sequences_keeps_the_update(loss_type):
     # The trainer leaves out sequences whose advantage is 0 (beta = 0) and passes the whole

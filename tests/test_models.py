@@ -14,7 +14,7 @@ import torch
 
 import agonlib.models as models
 from agonlib import ConfigError, load_config, load_policies
-from agonlib.models import ADAPTERS, AssetError, load_base, memory_report_for_config, qwen3_06b_config
+from agonlib.models import ADAPTERS, AssetError, cpu_threads, load_base, memory_report_for_config, qwen3_06b_config
 
 # Short on purpose: the tiny model's cost is its 151k-word lm_head, paid per position.
 # Different lengths, so the batch is left-padded.
@@ -441,3 +441,18 @@ def test_single_adapter_model_for_the_memory_benchmark():
     assert policies.memory_report()["adapter_A_params"] > 0
     with pytest.raises(ValueError, match="adapters must be"):
         load_policies(config, adapters=("B",))
+
+
+def test_cpu_threads_leave_a_core_free_unless_told(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert cpu_threads() == 1  # 2 cores: one thread, so a second process cannot stall it
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    assert cpu_threads() == 15
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    assert cpu_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cpu_threads() == 3  # the environment wins over auto
+    assert cpu_threads(2) == 2  # and the config wins over both
+    with pytest.raises(ConfigError, match="threads must be >= 0"):
+        load_config("smoke", threads=-1)

@@ -1,0 +1,110 @@
+"""One forced training step in its own process, as the trainer runs it; prints one JSON line.
+
+Run by ``benchmarks/run.py`` (sections ``step`` and ``rss``) as a script, with ``PYTHONPATH`` naming the
+source tree to measure: this checkout, or a ``git worktree`` of an older commit, so that an old and a new
+``agonlib`` run the same work side by side. It uses only names both trees have (``play_round``,
+``update_role``, ``UpdateConfig``, ``SingleProcess``).
+
+The step: ``problems_per_step`` problems of the ``cpu`` profile, every completion running to
+``max_new_tokens`` (stop tokens off), rewards drawn at random so that every row has a non-zero advantage,
+then one ``update_role`` per role, the trainer's own update (its forward passes, no others). Reported:
+seconds (generation, update), forward passes of the model under the update (with and without gradients),
+peak resident memory (``VmHWM``, this process only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+
+def peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=("agon", "grpo_2n"))
+    parser.add_argument("--step-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--uncapped", action="store_true", help="without the profile's micro_batch_tokens")
+    parser.add_argument("--micro-batch-tokens", type=int, help="instead of the profile's")
+    parser.add_argument("--second-base", action="store_true", help="hold a second base model in private memory")
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+    from agonlib import load_config
+    from agonlib.agon import RewardParts, play_round, update_role
+    from agonlib.distributed import SingleProcess
+    from agonlib.grpo import UpdateConfig
+    from agonlib.data import problems_for
+    from agonlib.models import load_policies
+
+    mode = {"mode": "agon"} if args.kind == "agon" else {"mode": "grpo", "grpo_compute_matched": True}
+    cap = {"micro_batch_tokens": None} if args.uncapped else {}
+    if args.micro_batch_tokens:
+        cap = {"micro_batch_tokens": args.micro_batch_tokens}
+    cfg = load_config("cpu", max_new_tokens=args.step_tokens, challenger_max_new_tokens=args.step_tokens,
+                      device="cpu", **mode, **cap)
+    policies = load_policies(cfg, adapters=("A", "B") if args.kind == "agon" else ("A",))
+    if args.second_base:  # what two separate policy models would add: a second base in private pages
+        second = load_policies(cfg, adapters=("A",))
+        with torch.no_grad():
+            for p in second.model.parameters():
+                p.data = p.data.clone()
+    after_load = peak_rss_mib()
+    fields = {f.name for f in dataclasses.fields(UpdateConfig)}
+    update_cfg = UpdateConfig(**{k: v for k, v in dict(
+        loss_type=cfg.loss_type, beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+        max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, num_iterations=cfg.num_iterations,
+        micro_batch_size=cfg.micro_batch_size, micro_batch_tokens=cfg.micro_batch_tokens,
+        max_grad_norm=cfg.max_grad_norm, share_prefix=True).items() if k in fields})
+
+    problems = problems_for(cfg, "train")[: cfg.problems_per_step]
+    policies.stop_token_ids = []  # every completion runs to max_new_tokens (or its first complete box)
+    start = time.perf_counter()
+    rnd = play_round(policies, problems, args.seed, cfg, progress=False)
+    generation = time.perf_counter() - start
+    generation_rss = peak_rss_mib()
+    roles = [(rnd.drafter, rnd.drafts)] + ([(rnd.challenger, rnd.challenges)] if rnd.challenger else [])
+
+    forwards = {"with_grad": 0, "no_grad": 0}
+    hook = policies.model.register_forward_pre_hook(
+        lambda *_: forwards.__setitem__(k := "with_grad" if torch.is_grad_enabled() else "no_grad", forwards[k] + 1))
+    gen = torch.Generator().manual_seed(args.seed)
+    update = 0.0
+    role_peaks = []  # peak RSS after each role's update
+    for adapter, rollouts in roles:
+        rewards = torch.randn(len(rollouts), generator=gen).tolist()  # non-zero advantages: every row trains
+        parts = [RewardParts(correct=r, total=r) for r in rewards]
+        optimizer = torch.optim.AdamW(policies.params(adapter), lr=cfg.learning_rate)
+        start = time.perf_counter()
+        update_role(policies, adapter, rollouts, parts, rnd.group_size, optimizer, update_cfg, cfg, SingleProcess())
+        update += time.perf_counter() - start
+        role_peaks.append(round(peak_rss_mib(), 1))
+    hook.remove()
+    rows = [r for _, rs in roles for r in rs]
+    print(json.dumps({
+        "kind": args.kind, "uncapped": args.uncapped, "second_base": args.second_base,
+        "generation_s": round(generation, 2), "update_s": round(update, 2), "total_s": round(generation + update, 2),
+        "draft_generation_s": round(rnd.draft_generation.seconds, 2),
+        "challenge_generation_s": round(rnd.challenge_generation.seconds, 2),
+        "sequences": len(rows), "completion_tokens": sum(r.length for r in rows),
+        "prompt_tokens": sum(len(r.prompt_ids) for r in rows),
+        "update_forwards": forwards, "dtype": str(policies.dtype).removeprefix("torch."),
+        "after_load_rss_mib": round(after_load, 1), "generation_peak_rss_mib": round(generation_rss, 1),
+        "peak_rss_mib": round(peak_rss_mib(), 1), "peak_rss_after_each_role_mib": role_peaks,
+    }))
+
+
+if __name__ == "__main__":
+    main()

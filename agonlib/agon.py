@@ -258,7 +258,7 @@ def update_role(policies, adapter: str, rollouts, parts, group: int, optimizer, 
         return {"loss": 0.0, "grad_norm": 0.0, "clip_frac": 0.0, "skipped_zero_adv": 1}
     keep = [i for i in range(len(rollouts)) if adv[i] != 0 or config.beta > 0]  # departure 2
     keep = keep or [0]  # data parallel, nothing to learn on this rank: a zero-advantage row adds exactly 0
-    keep.sort(key=lambda i: rollouts[i].prompt_ids)  # like prompts side by side: their shared tokens run once
+    keep.sort(key=lambda i: len(rollouts[i].prompt_ids))  # micro-batches of similar lengths pad less
     batch = build_batch([rollouts[i] for i in keep], adv[keep], policies.tokenizer.pad_token_id, policies.device,
                         share_prefix=update_cfg.share_prefix and shares_prefix_exactly(policies.model))
     # The whole step's denominators (summed over data-parallel ranks).

@@ -1,7 +1,7 @@
 """The GRPO loss, group advantages and one clipped, accumulated update (DESIGN.md §2, "GRPO loss").
 
 Pure tensor logic: no model loading, no generation. The trainer calls `group_advantages` on each role's
-rewards, `completion_logprobs` (adapters disabled) for the KL reference, then `grpo_update` once per role
+rewards, `batch_logprobs` (adapters disabled) for the KL reference, then `grpo_update` once per role
 per step with that role's adapter active. The reference is TRL 1.15 `GRPOTrainer._compute_loss`;
 `tests/test_grpo.py` calls TRL's own code on the same batch and checks the loss, the gradient and the
 logged KL and clip fractions agree to 1e-6.
@@ -51,8 +51,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from typing import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -352,13 +352,16 @@ def build_batch(rollouts, advantages: torch.Tensor, pad_id: int, device, share_p
 
     ``share_prefix``: consecutive rollouts whose prompts begin alike (``generation.layout.share_prefixes``: the
     drafts of one problem, or every row's system prompt and worked example) form a group whose common
-    prompt tokens become the group's prefix, run once in training; the rows keep only the rest, and
-    within a group they are reordered by length (the advantages with them).
+    prompt tokens become the group's prefix, run once in training; the rows keep only the rest. The rows
+    are reordered for it (by prompt, then by length within a group), the advantages with them.
     """
+    if share_prefix:  # rows with like prompts side by side, so that the tokens they share can run once
+        order = sorted(range(len(rollouts)), key=lambda i: rollouts[i].prompt_ids)
+        rollouts, advantages = [rollouts[i] for i in order], advantages[order]
     prompts = [list(r.prompt_ids) for r in rollouts]
     group, shared = share_prefixes(prompts) if share_prefix else ([0] * len(prompts), [0])
     shared = [n if group.count(g) > 1 else 0 for g, n in enumerate(shared)]  # a row alone keeps its whole prompt
-    if share_prefix:  # within a group, rows by length: a micro-batch of similar rows pads less
+    if share_prefix:  # then, within a group, rows by length: a micro-batch of similar rows pads less
         order = sorted(range(len(rollouts)), key=lambda i: (group[i], len(prompts[i]) + len(rollouts[i].completion_ids)))
         rollouts, prompts, group = [rollouts[i] for i in order], [prompts[i] for i in order], [group[i] for i in order]
         advantages = advantages[order]
@@ -373,12 +376,13 @@ def build_batch(rollouts, advantages: torch.Tensor, pad_id: int, device, share_p
         input_ids[i, Tp - len(p) : Tp] = torch.tensor(p)
         input_ids[i, Tp : Tp + c] = torch.tensor(r.completion_ids)
         attention[i, Tp - len(p) : Tp + c] = 1
-    batch = GRPOBatch(input_ids.to(device), attention.to(device), attention[:, Tp:].to(device),
-                      advantages.to(device))  # (B, Tp+Tc), (B, Tp+Tc), (B, Tc), (B,)
+    prefixes = sizes = None
     if share_prefix:
-        batch.group_sizes = [group.count(g) for g in range(len(shared))]
-        batch.prefixes = [torch.tensor(prompts[group.index(g)][:n], device=device) for g, n in enumerate(shared)]
-    return batch
+        sizes = [group.count(g) for g in range(len(shared))]
+        prefixes = [torch.tensor(prompts[group.index(g)][:n], dtype=torch.long, device=device)
+                    for g, n in enumerate(shared)]
+    return GRPOBatch(input_ids.to(device), attention.to(device), attention[:, Tp:].to(device), advantages.to(device),
+                     prefixes=prefixes, group_sizes=sizes)  # (B, Tp+Tc), (B, Tp+Tc), (B, Tc), (B,)
 
 
 def batch_logprobs(model, batch: GRPOBatch, temperature: float, rows: int | None = None) -> torch.Tensor:
@@ -406,7 +410,7 @@ class UpdateConfig:
     micro_batch_tokens: int | None = None  # padded tokens (rows x length) per forward/backward; None = no cap
     max_grad_norm: float | None = 1.0  # None = no clipping (the norm is still measured)
     kl_ratio_correction: bool = True  # TRL's use_bias_correction_kl
-    share_prefix: bool = True  # run prompt tokens that rows share once (exact; build_batch, PrefixRun)
+    share_prefix: bool = True  # read by agon.update_role: prompt tokens rows share run once (build_batch)
 
     def __post_init__(self):
         if self.loss_type not in LOSS_TYPES:
@@ -472,7 +476,7 @@ def grpo_update(
     and norm are unscaled. ``None`` (fp32, bf16): no scaling.
     """
     if cfg.beta != 0.0 and batch.ref_logp is None:
-        raise ValueError("beta > 0 needs batch.ref_logp: completion_logprobs with the adapters disabled.")
+        raise ValueError("beta > 0 needs batch.ref_logp: batch_logprobs with the adapters disabled.")
     params = list(params)
     B, Tc = batch.completion_mask.shape
     step = cfg.rows_per_micro_batch(B, batch.input_ids.size(1))
@@ -507,14 +511,16 @@ def grpo_update(
                 )
                 if not torch.isfinite(loss):
                     finite = False
+                    del logp, loss  # this micro-batch's graph, and (below) the prefix's: nothing flows back
                     break
                 (loss if scaler is None else scaler.scale(loss)).backward()
                 total += loss.item()
                 parts.append(st)
+            if finite and prefix is not None:
+                prefix.backward()  # every row's gradient through the shared prompt tokens, in one pass
+            prefix = None
             if not finite:
                 break
-            if prefix is not None:
-                prefix.backward()  # every row's gradient through the shared prompt tokens, in one pass
         if sync is not None:
             finite = sync(params, finite)
         grads = [p.grad for p in params if p.grad is not None]

@@ -102,7 +102,7 @@ def cpu_threads(setting: int = 0) -> int:
     if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
         return int(os.environ["OMP_NUM_THREADS"])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores - 1)
+    return max(1, (cores - 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # data parallel: split them
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:

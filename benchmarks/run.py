@@ -450,6 +450,7 @@ def markdown(results: dict) -> str:
         if s.get("step_speedup_vs_baseline"):
             lines.append(f"; Agon step, baseline `{s['baseline']}` ÷ this tree: **{s['step_speedup_vs_baseline']}×** "
                          f"(update alone {s['update_speedup_vs_baseline']}×)")
+            lines[-2] += lines.pop()  # one paragraph
         lines.append("\n\nForward passes of the model in the update (with gradients / without): "
                      + "; ".join(f"{k} {v['with_grad']}/{v['no_grad']}" for k, v in s["update_forwards"].items()))
     if "rss" in results:
@@ -517,7 +518,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}")
     parser.add_argument("--quick", action="store_true", help="smaller batches and fewer repetitions")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: agonlib's, every core but one; the step children: 1)")
     parser.add_argument("--step-tokens", type=int, default=64)
     parser.add_argument("--batches", type=lambda v: tuple(int(x) for x in v.split(",")),
                         help="rollout batch sizes, comma-separated (default 8,32,64; --quick 8,32)")
@@ -529,7 +531,8 @@ def main(argv=None) -> None:
     parser.add_argument("--vllm-child", type=int, metavar="REPS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.threads:
+    if args.threads:  # through the environment too: load_policies sets torch's threads from it
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
         torch.set_num_threads(args.threads)
     if args.threads_child:
         _threads_child(args.threads_child)

@@ -44,9 +44,9 @@ def main() -> None:
 
     from agonlib import load_config
     from agonlib.agon import RewardParts, play_round, update_role
+    from agonlib.data import problems_for
     from agonlib.distributed import SingleProcess
     from agonlib.grpo import UpdateConfig
-    from agonlib.data import problems_for
     from agonlib.models import load_policies
 
     mode = {"mode": "agon"} if args.kind == "agon" else {"mode": "grpo", "grpo_compute_matched": True}

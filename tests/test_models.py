@@ -451,6 +451,9 @@ def test_cpu_threads_leave_a_core_free_unless_told(monkeypatch):
     assert cpu_threads() == 15
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
     assert cpu_threads() == 1
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert cpu_threads() == 7  # two data-parallel processes on one machine share the cores
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert cpu_threads() == 3  # the environment wins over auto
     assert cpu_threads(2) == 2  # and the config wins over both

@@ -11,21 +11,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-
+from agonlib.generation import Rollout
 from agonlib.grpo import GRPOBatch, UpdateConfig, batch_logprobs, build_batch, grpo_update
 from agonlib.shared_prefix import PrefixRun, shares_prefix_exactly
-from agonlib.generation import Rollout
 
 
 def _rollouts(vocab: int, seed: int = 0) -> list[Rollout]:
-    """Two problems x 3 drafts (same prompt) and two challenges (own middle): 8 rows over one opening."""
+    """Two problems x 3 drafts (same prompt), two challenges (own middle) over one opening, one row alone."""
     g = torch.Generator().manual_seed(seed)
-    ids = lambda n: torch.randint(5, vocab - 5, (n,), generator=g).tolist()  # noqa: E731
+    ids = lambda n: torch.randint(5, vocab - 5, (n,), generator=g).tolist()
     opening = ids(40)  # system prompt + worked example
     prompts = [opening + ids(12)] * 3 + [opening + ids(9)] * 3 + [opening + ids(20) + ids(7), opening + ids(15)]
+    prompts.append(ids(25))  # shares nothing: its whole prompt stays in its row
     return [Rollout(prompt="", prompt_ids=p, completion_ids=ids(n), text="", think="", summary="", answer=None,
                     length=n, truncated=False, seed=0)
-            for p, n in zip(prompts, (6, 9, 3, 8, 8, 5, 7, 4))]
+            for p, n in zip(prompts, (6, 9, 0, 8, 8, 5, 7, 4, 6))]  # one empty completion
 
 
 def _grads(policies, batch: GRPOBatch, cfg: UpdateConfig) -> list[torch.Tensor]:
@@ -42,7 +42,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> bool:
     return bool((a - b).norm() <= rel * max(b.norm(), 1e-12))
 
 
-def _check(policies, micro_batch_size):
+def _check(policies, micro_batch_size, num_iterations=1, beta=0.0):
     model = policies.model
     with torch.no_grad():  # non-zero B so that the adapter changes what the prompt tokens compute
         for p in policies.params("A"):
@@ -63,7 +63,12 @@ def _check(policies, micro_batch_size):
     assert lp_plain.shape == lp_shared.shape
     assert torch.allclose(lp_shared, lp_plain, atol=1e-5, rtol=1e-5)
 
-    cfg = UpdateConfig(temperature=0.8, max_grad_norm=None, micro_batch_size=micro_batch_size, share_prefix=True)
+    if beta:  # the reference pass (adapters off) through each layout
+        with torch.no_grad(), policies.use(None):
+            plain.ref_logp, shared.ref_logp = batch_logprobs(model, plain, 0.8), batch_logprobs(model, shared, 0.8)
+        assert torch.allclose(shared.ref_logp, plain.ref_logp, atol=1e-5, rtol=1e-5)
+    cfg = UpdateConfig(temperature=0.8, max_grad_norm=None, micro_batch_size=micro_batch_size, beta=beta,
+                       num_iterations=num_iterations)
     g_plain = _grads(policies, plain, cfg)
     g_shared = _grads(policies, shared, cfg)
     assert any(g.abs().sum() > 0 for g in g_plain)
@@ -71,9 +76,10 @@ def _check(policies, micro_batch_size):
         assert _close(a, b), (a - b).norm() / b.norm()
 
 
-@pytest.mark.parametrize("micro_batch_size", [None, 2])
-def test_shared_prefix_gives_the_unshared_logprobs_and_gradients(smoke_policies_scratch, micro_batch_size):
-    _check(smoke_policies_scratch, micro_batch_size)
+@pytest.mark.parametrize("micro_batch_size, num_iterations, beta", [(None, 1, 0.0), (2, 1, 0.0), (3, 2, 0.1)])
+def test_shared_prefix_gives_the_unshared_logprobs_and_gradients(smoke_policies_scratch, micro_batch_size,
+                                                                  num_iterations, beta):
+    _check(smoke_policies_scratch, micro_batch_size, num_iterations, beta)
 
 
 @pytest.mark.slow

@@ -59,35 +59,16 @@ class PairStats:
     regressions: int
     tiebreaks: int
 
-    @staticmethod
-    def _rate(num: int, den: int) -> float:
-        return num / den if den else float("nan")
-
-    @property
-    def conversion_rate(self) -> float:
-        return self._rate(self.conversions, self.n_pairs)
-
-    @property
-    def regression_rate(self) -> float:
-        return self._rate(self.regressions, self.n_pairs)
-
-    @property
-    def conversion_rate_given_wrong(self) -> float:
-        return self._rate(self.conversions, self.n_drafter_wrong)
-
-    @property
-    def regression_rate_given_right(self) -> float:
-        return self._rate(self.regressions, self.n_drafter_right)
-
-    @property
-    def tiebreak_rate(self) -> float:
-        return self._rate(self.tiebreaks, self.n_both_right)
+    #: Each rate the trainer logs: (numerator, denominator) fields; NaN over an empty denominator.
+    RATES = {"conversion_rate": ("conversions", "n_pairs"), "regression_rate": ("regressions", "n_pairs"),
+             "conversion_rate_given_wrong": ("conversions", "n_drafter_wrong"),
+             "regression_rate_given_right": ("regressions", "n_drafter_right"),
+             "tiebreak_rate": ("tiebreaks", "n_both_right")}
 
     def rates(self) -> dict[str, float]:
         """The rates under the metric names the trainer logs."""
-        names = ("conversion_rate", "regression_rate", "conversion_rate_given_wrong",
-                 "regression_rate_given_right", "tiebreak_rate")
-        return {name: getattr(self, name) for name in names}
+        return {name: getattr(self, num) / getattr(self, den) if getattr(self, den) else float("nan")
+                for name, (num, den) in self.RATES.items()}
 
 
 def pair_stats(c_a: Sequence, c_b: Sequence, len_a: Sequence | None = None,
@@ -99,7 +80,8 @@ def pair_stats(c_a: Sequence, c_b: Sequence, len_a: Sequence | None = None,
     >>> s = pair_stats(c_a=[0, 0, 1, 1], c_b=[1, 0, 0, 1], len_a=[9, 9, 9, 9], len_b=[5, 5, 5, 5])
     >>> s.conversions, s.regressions, s.tiebreaks
     (1, 1, 1)
-    >>> s.conversion_rate, s.conversion_rate_given_wrong, s.tiebreak_rate
+    >>> r = s.rates()
+    >>> r["conversion_rate"], r["conversion_rate_given_wrong"], r["tiebreak_rate"]
     (0.25, 0.5, 1.0)
     """
     n = same_length(c_a=c_a, c_b=c_b, len_a=len_a, len_b=len_b)

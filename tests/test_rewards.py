@@ -111,17 +111,18 @@ def test_pair_stats_hand_computed():
     s = pair_stats(c_a, c_b, len_a, len_b)
     assert (s.n_pairs, s.n_drafter_wrong, s.n_drafter_right, s.n_both_right) == (6, 3, 3, 2)
     assert (s.conversions, s.regressions, s.tiebreaks) == (2, 1, 1)
-    assert s.conversion_rate == pytest.approx(2 / 6)  # over all pairs
-    assert s.conversion_rate_given_wrong == pytest.approx(2 / 3)  # over drafter-wrong pairs
-    assert s.regression_rate == pytest.approx(1 / 6)
-    assert s.regression_rate_given_right == pytest.approx(1 / 3)
-    assert s.tiebreak_rate == pytest.approx(1 / 2)  # over both-right pairs
+    rates = s.rates()
+    assert rates["conversion_rate"] == pytest.approx(2 / 6)  # over all pairs
+    assert rates["conversion_rate_given_wrong"] == pytest.approx(2 / 3)  # over drafter-wrong pairs
+    assert rates["regression_rate"] == pytest.approx(1 / 6)
+    assert rates["regression_rate_given_right"] == pytest.approx(1 / 3)
+    assert rates["tiebreak_rate"] == pytest.approx(1 / 2)  # over both-right pairs
     assert set(s.rates()) == {"conversion_rate", "regression_rate", "conversion_rate_given_wrong",
                               "regression_rate_given_right", "tiebreak_rate"}
 
 
 def test_pair_stats_empty_denominators_are_nan():
     s = pair_stats([1, 1], [1, 1])  # drafter never wrong, no lengths given
-    assert s.conversion_rate == 0.0 and s.tiebreaks == 0
-    assert math.isnan(s.conversion_rate_given_wrong)
-    assert math.isnan(pair_stats([], []).conversion_rate)
+    assert s.rates()["conversion_rate"] == 0.0 and s.tiebreaks == 0
+    assert math.isnan(s.rates()["conversion_rate_given_wrong"])
+    assert math.isnan(pair_stats([], []).rates()["conversion_rate"])

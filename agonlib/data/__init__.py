@@ -160,19 +160,25 @@ def load_deepmath_hard(*, min_difficulty: float = 7.0, test_size: int = 500, see
 # --- evaluation sets ----------------------------------------------------------------
 
 
-def load_math500(n: int | None = None, seed: int = 0, *, data_files=None, revision: str | None = None,
-                 stats: dict | None = None) -> list[dict]:
-    """MATH-500 (columns ``problem``, ``answer``, ``level``, ``unique_id``)."""
+def _problem_answer(source: str, id_of, difficulty=lambda raw: None):
+    """A row converter for sets with ``problem`` and ``answer`` columns (MATH-500, AIME)."""
 
     def convert(i: int, raw: dict):
         answer, why = answer_or_issue(raw.get("answer"))
         why = question_issue(raw.get("problem")) or why
         if why:
             return why
-        uid = str(raw.get("unique_id") or i).removesuffix(".json")
-        return {"id": f"math500-{uid}", "question": raw["problem"].strip(), "answer": normalize_answer(answer),
-                "difficulty": raw.get("level"), "source": "math500"}
+        return {"id": f"{source}-{id_of(i, raw)}", "question": raw["problem"].strip(),
+                "answer": normalize_answer(answer), "difficulty": difficulty(raw), "source": source}
 
+    return convert
+
+
+def load_math500(n: int | None = None, seed: int = 0, *, data_files=None, revision: str | None = None,
+                 stats: dict | None = None) -> list[dict]:
+    """MATH-500 (columns ``problem``, ``answer``, ``level``, ``unique_id``)."""
+    convert = _problem_answer("math500", lambda i, raw: str(raw.get("unique_id") or i).removesuffix(".json"),
+                              lambda raw: raw.get("level"))
     rows = collect_rows("math500", hub_rows(MATH500, data_files=data_files, revision=revision), convert, stats)
     return sample_rows(rows, n, seed)
 
@@ -208,15 +214,7 @@ def load_gsm8k(split: str = "test", n: int | None = None, seed: int = 0, *, data
 def load_aime2024(n: int | None = None, seed: int = 0, *, data_files=None, revision: str | None = None,
                   stats: dict | None = None) -> list[dict]:
     """AIME 2024 (30 problems; columns ``id``, ``problem``, ``answer`` as a string like ``"033"``)."""
-
-    def convert(i: int, raw: dict):
-        answer, why = answer_or_issue(raw.get("answer"))
-        why = question_issue(raw.get("problem")) or why
-        if why:
-            return why
-        return {"id": f"aime2024-{raw.get('id', i)}", "question": raw["problem"].strip(),
-                "answer": normalize_answer(answer), "difficulty": None, "source": "aime2024"}
-
+    convert = _problem_answer("aime2024", lambda i, raw: raw.get("id", i))
     rows = collect_rows("aime2024", hub_rows(AIME2024, data_files=data_files, revision=revision), convert, stats)
     return sample_rows(rows, n, seed)
 

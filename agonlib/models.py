@@ -182,12 +182,15 @@ def _load_gguf(path: Path, dtype: torch.dtype):
     model.config.quantization_config = None
     del model.config.quantization_config
     model.hf_quantizer = None
-    tmp = cached.with_name(cached.name + ".tmp")
+    tmp = cached.with_name(f"{cached.name}.tmp{os.getpid()}")  # per process: two first loads never share it
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if cached.exists():
-        shutil.rmtree(cached)
-    tmp.rename(cached)  # atomic: a killed first load never leaves a half cache
+    if cached.exists() and not (cached / "config.json").exists():
+        shutil.rmtree(cached, ignore_errors=True)  # not a cache this code wrote
+    try:
+        tmp.rename(cached)  # atomic: a killed first load never leaves a half cache
+    except OSError:  # another process finished first: its copy holds the same weights
+        shutil.rmtree(tmp, ignore_errors=True)
     return model.to(dtype), tokenizer
 
 

@@ -40,10 +40,11 @@ out_dir = None  # output root; None: the repo (experiments/runs/<profile>/, figu
 force = False  # re-evaluate runs already evaluated on their newest checkpoint
 systems = None  # None: each run's own systems (plus base and moa once per seed)
 eval_problems = None  # held-out problems; None: the profile's final_eval_problems (null: the whole split)
+jobs = None  # runs evaluated at a time, each in its own process; None: two on a CPU, one on a GPU
 
 # %%
 from agonlib.study import pipeline
 
 results = pipeline.evaluate_runs(profile, systems=systems, out_dir=out_dir, force=force,
-                                 eval_problems=eval_problems)
+                                 eval_problems=eval_problems, jobs=jobs)
 pipeline.evaluation_table(results)

@@ -59,6 +59,27 @@ from agonlib.study import paper
 
 paper.comparison(table)
 
+# %% [markdown]
+# **The verdict.** Each of the paper's orderings, judged on our runs: the difference
+# `first − second` on the same held-out problems with the same seeds, its mean over
+# seeds with a 95% interval, the pooled per-problem transitions and an exact McNemar
+# test. `holds` / `reversed` only when the interval excludes zero; otherwise `not
+# separated` (`agonlib.study.verdict`).
+
+# %%
+from agonlib.study import verdict
+from agonlib.study.paths import output_paths
+
+runs_dir = output_paths(profile, out_dir).runs
+verdict.orderings(runs_dir)
+
+# %% [markdown]
+# How often a training summary still stated the gold answer, per exchange cell
+# (the masking of DESIGN.md §2 step 3 should keep it near zero).
+
+# %%
+verdict.leak_rates(runs_dir)
+
 # %%
 from agonlib.study import plots
 

@@ -40,7 +40,7 @@ PARAMETERS = {
     "00_setup": {"profile", "seed", "overrides", "problems", "generations"},
     "01_baseline_grpo": TRAINING | {"cells"},
     **{stem: TRAINING for stem in EXPECTED[2:7]},
-    "07_evaluation": {"profile", "out_dir", "force", "systems", "eval_problems"},
+    "07_evaluation": {"profile", "out_dir", "force", "systems", "eval_problems", "jobs"},
     "08_length_analysis": {"profile", "out_dir"},
     "09_results": {"profile", "out_dir"},
 }

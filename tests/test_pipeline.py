@@ -1,6 +1,7 @@
 """The notebook steps: output folders, run names, skipping finished training and evaluation."""
 
 import json
+import shutil
 
 import pytest
 
@@ -142,3 +143,29 @@ def test_training_status(tmp_path, ckpts, logged, evaluated, status):
     if evaluated:
         (run / "final_eval.json").write_text("{}")
     assert pipeline.training_status(config) == status
+
+
+def test_evaluation_in_two_processes_equals_one(tmp_path, capsys):
+    """jobs=2 (a process per run) gives the very results of jobs=1 (one process, one shared model)."""
+    kw = dict(out_dir=tmp_path / "one", max_new_tokens=4, progress=False)
+    pipeline.train_cell("smoke", "agon", steps=1, **kw)
+    pipeline.train_cell("smoke", "grpo", steps=1, **kw)
+    shutil.copytree(tmp_path / "one", tmp_path / "two")
+    one = pipeline.evaluate_runs("smoke", out_dir=tmp_path / "one", eval_problems=3, jobs=1)
+    capsys.readouterr()
+    two = pipeline.evaluate_runs("smoke", out_dir=tmp_path / "two", eval_problems=3, jobs=2)
+    assert "2 runs, 2 at a time" in capsys.readouterr().out
+    assert list(two) == list(one) == ["agon", "grpo"]
+    for run in one:
+        for system in one[run]:
+            if system != "meta":
+                assert two[run][system] == one[run][system], (run, system)
+        assert set(one[run]) >= ({"grpo"} if run == "grpo" else {"A", "cascade_AB", "base", "moa"})
+
+    # a run that cannot be evaluated stops the job with its name; the other run's result is kept on disk
+    for adapter in (tmp_path / "two" / "runs" / "smoke" / "grpo").rglob("adapter_model.safetensors"):
+        adapter.write_bytes(b"not a safetensors file")
+    (tmp_path / "two" / "runs" / "smoke" / "agon" / "final_eval.json").unlink()
+    with pytest.raises(RuntimeError, match=r"Evaluating grpo failed"):
+        pipeline.evaluate_runs("smoke", out_dir=tmp_path / "two", eval_problems=3, jobs=2, force=True)
+    assert (tmp_path / "two" / "runs" / "smoke" / "agon" / "final_eval.json").exists()

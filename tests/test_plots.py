@@ -167,6 +167,38 @@ def test_seeds_counted_and_averaged(root):
     assert row["per seed"] == [0.5, 0.5] and row["our runs"] == "agon, agon-seed1"
 
 
+def test_several_seeds_draw_one_curve_per_cell_with_its_band(root):
+    seed1 = write_run(root, "agon-seed1", seed=1)
+    # seed 1 learns twice as fast
+    rows = [json.loads(line) for line in (seed1 / "metrics.jsonl").read_text().splitlines()]
+    _write_jsonl(seed1 / "metrics.jsonl", [{**r, "drafter/accuracy": 2 * r["drafter/accuracy"]} for r in rows])
+    _write_jsonl(seed1 / "eval.jsonl", [{"step": 2, "cascade_AB/pass@1": 0.75}, {"step": 4, "cascade_AB/pass@1": 1.0}])
+    fig = plots.make_figures(PROFILE, ["pass1_over_training"], out_dir=root)[0]
+    train = fig.data["train_accuracy"]
+    assert set(train) == {"agon", "grpo"}  # one curve per cell; a single-seed cell keeps its run's name
+    assert train["agon"]["x"] == [1, 2, 3, 4]
+    assert train["agon"]["y"] == pytest.approx([0.15, 0.3, 0.45, 0.6])  # mean of 0.1k and 0.2k
+    assert train["agon"]["low"] == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert train["agon"]["high"] == pytest.approx([0.2, 0.4, 0.6, 0.8])
+    assert set(train["agon"]["seeds"]) == {"agon", "agon-seed1"}
+    assert fig.data["eval_pass1"]["agon"]["y"] == pytest.approx([0.5, 0.75])
+    assert "band min–max" in fig.data["title"] and fig.note is None
+    # a seed still training: the mean covers the steps both logged, and the figure says so
+    _write_jsonl(seed1 / "metrics.jsonl", [{**r, "drafter/accuracy": 2 * r["drafter/accuracy"]} for r in rows[:3]])
+    fig = plots.make_figures(PROFILE, ["pass1_over_training"], out_dir=root)[0]
+    assert fig.data["train_accuracy"]["agon"]["x"] == [1, 2, 3]
+    assert "covers the 3 steps all its seeds logged" in fig.note
+
+
+def test_periodic_curve_falls_back_to_the_system_evaluated(root):
+    # the cpu profile's periodic evaluation scores adapter A only (eval_systems: [A]), not the cascade
+    run_dir = output_paths(PROFILE, root).run_dir("agon")
+    _write_jsonl(run_dir / "eval.jsonl", [{"step": 2, "A/pass@1": 0.75}, {"step": 4, "A/pass@1": 1.0}])
+    fig = plots.make_figures(PROFILE, ["pass1_over_training"], out_dir=root)[0]
+    assert fig.data["eval_pass1"]["agon"] == {"x": [2, 4], "y": [0.75, 1.0]}
+    assert fig.note is None
+
+
 def test_same_files_give_byte_identical_figures(drawn):
     root, _, first = drawn
     second = {p.name: p.read_bytes() for f in plots.make_figures(PROFILE, out_dir=root) for p in f.paths}

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import platform
 import shutil
 import sys
 import textwrap
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import pandas as pd
@@ -206,13 +208,22 @@ def evaluation_done(run_dir: Path, systems, n_problems: int) -> bool:
 
 
 def evaluate_runs(profile: str, *, runs=None, systems=None, out_dir: str | Path | None = None,
-                  force: bool = False, eval_problems: int | None = None, progress: bool = False) -> dict:
+                  force: bool = False, eval_problems: int | None = None, progress: bool = False,
+                  jobs: int | None = None) -> dict:
     """Final evaluation (``agonlib.evaluate``) of every run of a profile; ``{run name: final_eval}``.
 
     ``systems=None``: each run's own systems (``A``, ``B``, both cascades; ``grpo``
     for a vanilla run), plus ``base`` and ``moa`` once per seed, on the ``agon``
     run when there is one (they do not depend on training). ``runs`` limits the
     evaluation to some run names.
+
+    ``jobs``: runs evaluated at a time, each in its own process with an equal share
+    of the cores (``None``: two on a CPU with two cores or more, one on a GPU; a
+    run's own ``threads`` setting, when not 0, wins over the share). A run's
+    samples depend only on its seeds, not on what runs beside it; with another
+    thread count than one job gets, float reductions may round differently. One
+    job evaluates in this process and reuses one loaded model. A failing run
+    stops the evaluation (runs not yet started are cancelled) with its name.
     """
     dirs = [d for d in run_dirs(profile, out_dir) if runs is None or d.name in runs]
     if not dirs:
@@ -221,7 +232,7 @@ def evaluate_runs(profile: str, *, runs=None, systems=None, out_dir: str | Path 
         return {}
     configs = {d: load_run_config(d) for d in dirs}
     baselines = _baseline_runs(configs)
-    results, loaded = {}, {}  # one model per base/LoRA shape: each run loads its own adapters into it
+    results, todo = {}, []
     for run_dir, config in configs.items():
         if systems is not None:
             wanted = tuple(systems)
@@ -237,12 +248,58 @@ def evaluate_runs(profile: str, *, runs=None, systems=None, out_dir: str | Path 
             continue
         if path.exists() and (force or not _evaluated_newest(run_dir, json.loads(path.read_text()))):
             path.unlink()  # made on an older checkpoint (or forced): start the file afresh
-        print(f"{run_dir.name}: evaluating {', '.join(wanted)} on {n} held-out problems.", flush=True)
-        start = time.perf_counter()
-        results[run_dir.name] = evaluate(run_dir, systems=wanted, n_problems=n, progress=progress,
-                                         policies=_shared_policies(run_dir, config, loaded))
-        print(f"{run_dir.name}: evaluated in {_duration(time.perf_counter() - start)}.", flush=True)
+        todo.append((run_dir, wanted, n))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if jobs is None:
+        on_gpu = any(pick_device(c.device).type != "cpu" for c in configs.values())
+        jobs = 1 if on_gpu else min(2, cores)
+    jobs = max(1, min(int(jobs), len(todo)))
+    if jobs == 1:
+        loaded = {}  # one model per base/LoRA shape: each run loads its own adapters into it
+        for run_dir, wanted, n in todo:
+            results[run_dir.name] = _evaluate_one(run_dir, wanted, n, progress,
+                                                  _shared_policies(run_dir, configs[run_dir], loaded))
+    else:
+        results.update(_evaluate_in_processes(todo, jobs, max(1, cores // jobs), progress))
+    return {d.name: results[d.name] for d in dirs if d.name in results}
+
+
+def _evaluate_in_processes(todo: list, jobs: int, threads: int, progress: bool) -> dict:
+    """``todo`` (``(run_dir, systems, n)``) in ``jobs`` worker processes; the first failure cancels the rest."""
+    todo = sorted(todo, key=lambda item: -len(item[1]))  # the costliest first: no worker left with a long tail
+    print(f"Evaluating {len(todo)} runs, {jobs} at a time ({threads} thread each); each run's progress goes "
+          "to this job's log.", flush=True)
+    results = {}
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_threads, initargs=(threads,))
+    try:
+        futures = {pool.submit(_evaluate_one, run_dir, wanted, n, progress): run_dir for run_dir, wanted, n in todo}
+        for future in as_completed(futures):
+            run_dir = futures[future]
+            try:
+                results[run_dir.name] = future.result()
+            except Exception as err:
+                pool.shutdown(wait=True, cancel_futures=True)
+                done = ", ".join(sorted(results)) or "none"
+                raise RuntimeError(f"Evaluating {run_dir.name} failed: {type(err).__name__}: {err}. Runs finished "
+                                   f"before it (kept in their final_eval.json): {done}. A rerun skips them.") from err
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return results
+
+
+def _worker_threads(threads: int) -> None:
+    """An evaluation worker's share of the cores (``Config.threads`` auto reads ``OMP_NUM_THREADS``)."""
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+def _evaluate_one(run_dir: Path, systems: tuple, n: int, progress: bool, policies=None) -> dict:
+    print(f"{run_dir.name}: evaluating {', '.join(systems)} on {n} held-out problems.", flush=True)
+    start = time.perf_counter()
+    result = evaluate(run_dir, systems=systems, n_problems=n, progress=progress, policies=policies)
+    print(f"{run_dir.name}: evaluated in {_duration(time.perf_counter() - start)}.", flush=True)
+    return result
 
 
 #: Config keys that decide the loaded model and the adapters' shapes, or that generation reads from the

@@ -242,33 +242,101 @@ def _line(ax, run: Run, xs, ys, data: dict, key: str, **kw) -> None:
     data.setdefault(key, {})[run.name] = {"x": list(xs), "y": _clean(ys)}
 
 
+def _cells(runs: list[Run]) -> list[list[Run]]:
+    """Runs grouped by cell (its seeds together), in the order of ``runs``."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.cell, []).append(run)
+    return list(groups.values())
+
+
+def _curves(ax, runs: list[Run], series, data: dict, key: str) -> list[str]:
+    """One curve per cell: a single run as it is; several seeds as their mean, with a band from min to max.
+
+    ``series(run) -> (steps, values)``. The mean is taken at the steps every seed logged (a note
+    says when a seed logged steps the others did not); the data keeps each seed's values beside
+    it (``data[key][cell]``); a single run stays under its own name. Returns the notes.
+    """
+    notes = []
+    for seeds in _cells(runs):
+        if len(seeds) == 1:
+            xs, ys = series(seeds[0])
+            _line(ax, seeds[0], xs, ys, data, key)
+            continue
+        per_seed = [dict(zip(*series(run))) for run in seeds]
+        steps = sorted(set.intersection(*(set(values) for values in per_seed)))
+        if any(len(values) > len(steps) for values in per_seed):
+            notes.append(f"{key}: {seeds[0].cell}'s mean covers the {len(steps)} steps all its seeds logged "
+                         f"(one seed logged {max(len(v) for v in per_seed)}).")
+        columns = [[values[step] for values in per_seed] for step in steps]
+        mean = [_nanmean(col) for col in columns]
+        low = [min((v for v in col if not math.isnan(v)), default=float("nan")) for col in columns]
+        high = [max((v for v in col if not math.isnan(v)), default=float("nan")) for col in columns]
+        run = seeds[0]
+        marker = "o" if len(steps) <= 12 else None
+        label = f"{CELL_LABELS.get(run.cell, run.cell)} ({len(seeds)} seeds)"
+        ax.plot(steps, mean, color=run.color, marker=marker, label=label)
+        ax.fill_between(steps, low, high, color=run.color, alpha=0.15, linewidth=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        data.setdefault(key, {})[run.cell] = {"x": steps, "y": _clean(mean), "low": _clean(low),
+                                              "high": _clean(high), "seeds": {r.name: _clean([v[s] for s in steps])
+                                                                            for r, v in zip(seeds, per_seed)}}
+    return notes
+
+
+def _nanmean(values) -> float:
+    got = [v for v in values if not math.isnan(v)]
+    return sum(got) / len(got) if got else float("nan")
+
+
+def _periodic_systems(runs: list[Run]) -> dict[str, str]:
+    """Per cell, the system its periodic evaluations scored: the headline (the cascade, the GRPO adapter)
+    when every seed logged it, else the first one every seed logged (``A`` on the cpu profile)."""
+    chosen = {}
+    for seeds in _cells(runs):
+        common = set.intersection(*(set(_evaluated_systems(run)) for run in seeds))
+        ordered = [s for s in _evaluated_systems(seeds[0]) if s in common]
+        if ordered:
+            chosen[seeds[0].cell] = seeds[0].headline if seeds[0].headline in common else ordered[0]
+    return chosen
+
+
 # --- figures --------------------------------------------------------------------------------
 
 def pass1_over_training(runs: list[Run], profile: str, fig_dir: Path) -> FigureFile:
     fig, (ax_eval, ax_train) = _new_figure(2, 5.2, 4.0)
     data, notes = {}, []
-    evaluated = [r for r in runs if any(f"{r.headline}/pass@1" in row for row in r.evals)]
-    for run in evaluated:
-        xs, ys = _series(run.evals, f"{run.headline}/pass@1")
-        _line(ax_eval, run, xs, ys, data, "eval_pass1")
+    system = _periodic_systems(runs)
+    evaluated = [r for r in runs if r.cell in system]
+    notes += _curves(ax_eval, evaluated, lambda run: _series(run.evals, f"{system[run.cell]}/pass@1"), data,
+                     "eval_pass1")
     if not evaluated:
         notes.append("No periodic evaluations (eval.jsonl) yet.")
         _note(ax_eval, "no periodic evaluations yet\n(eval.jsonl is written every eval_every steps)")
-    ax_eval.set(title="held-out pass@1 (A→B cascade; GRPO adapter)", xlabel="training step", ylabel="pass@1",
-                ylim=(-0.02, 1.02))
+    shown = sorted(set(system.values()), key=lambda s: (s != "cascade_AB", s))
+    ax_eval.set(title="held-out pass@1 at periodic evaluations\n(" + ", ".join(shown or ["—"])
+                + "; the GRPO adapter as grpo)", xlabel="training step", ylabel="pass@1", ylim=(-0.02, 1.02))
     window = _window(runs)
     trained = [r for r in runs if r.metrics]
-    for run in trained:
-        xs, ys = _series(run.metrics, "drafter/accuracy")
-        _line(ax_train, run, xs, _rolling(ys, window), data, "train_accuracy")
+    notes += _curves(ax_train, trained, lambda run: _rolled(run, "drafter/accuracy", window), data,
+                     "train_accuracy")
     if not trained:
         notes.append("No training metrics (metrics.jsonl) yet.")
         _note(ax_train, "no training steps logged yet\n(run the training notebooks 01–06)")
     ax_train.set(title="drafter accuracy on training problems" + _smoothing_text(window), xlabel="training step",
                  ylabel="accuracy", ylim=(-0.02, 1.02))
     _legend(fig, (ax_eval, ax_train))
-    _title(fig, "pass@1 over training", profile, runs)
+    _title(fig, "pass@1 over training" + _band_text(runs), profile, runs)
     return _save(fig, fig_dir, "pass1_over_training", data, notes)
+
+
+def _rolled(run: Run, key: str, window: int) -> tuple[list[int], list[float]]:
+    xs, ys = _series(run.metrics, key)
+    return xs, _rolling(ys, window)
+
+
+def _band_text(runs) -> str:
+    return " · several seeds: mean, band min–max" if any(len(seeds) > 1 for seeds in _cells(runs)) else ""
 
 
 def final_pass1(results_csv: Path, profile: str, fig_dir: Path) -> FigureFile:
@@ -342,9 +410,7 @@ def length_over_training(runs: list[Run], profile: str, fig_dir: Path) -> Figure
     window = _window(runs)
     for ax, role in zip(axes, ("drafter", "challenger")):
         shown = [r for r in runs if any(f"{role}/len_mean" in row for row in r.metrics)]
-        for run in shown:
-            xs, ys = _series(run.metrics, f"{role}/len_mean")
-            _line(ax, run, xs, _rolling(ys, window), data, role)
+        notes += _curves(ax, shown, lambda run, role=role: _rolled(run, f"{role}/len_mean", window), data, role)
         if not shown:
             notes.append(f"No {role} lengths logged.")
             _note(ax, f"no {role} completions logged yet" + ("\n(vanilla GRPO has no challenger)"
@@ -352,7 +418,7 @@ def length_over_training(runs: list[Run], profile: str, fig_dir: Path) -> Figure
         ax.set(title=f"{role} completion length" + _smoothing_text(window), xlabel="training step",
                ylabel="mean completion length (tokens)")
     _legend(fig, axes)
-    _title(fig, "Trace length over training, per role", profile, runs)
+    _title(fig, "Trace length over training, per role" + _band_text(runs), profile, runs)
     return _save(fig, fig_dir, "length_over_training", data, notes)
 
 
@@ -479,17 +545,15 @@ def conversion_rates(runs: list[Run], profile: str, fig_dir: Path) -> FigureFile
               ("challenger/regression_rate_given_right", "regression: challenger wrong | drafter right"),
               ("challenger/tiebreak_rate", "tiebreak: challenger shorter | both right"))
     for ax, (key, title) in zip(axes, panels):
-        for run in agon:
-            xs, ys = _series(run.metrics, key)
-            _line(ax, run, xs, _rolling(ys, window), data, key.split("/")[1])
+        notes += _curves(ax, agon, lambda run, key=key: _rolled(run, key, window), data, key.split("/")[1])
         if not agon:
             _note(ax, "no Agon-style runs logged yet\n(vanilla GRPO has no challenger)")
         ax.set(title=title + _smoothing_text(window), xlabel="training step", ylabel="rate", ylim=(-0.02, 1.02))
     if not agon:
         notes.append("No Agon-style runs with metrics.")
     _legend(fig, axes)
-    _title(fig, "Conversion, regression and tiebreak rates over training (rates over pairs where defined)",
-           profile, agon)
+    _title(fig, "Conversion, regression and tiebreak rates over training (rates over pairs where defined)"
+           + _band_text(agon), profile, agon)
     return _save(fig, fig_dir, "conversion_rates", data, notes)
 
 

@@ -19,6 +19,7 @@ from ..config import REPO_ROOT, RUNS_DIR
 from ..evaluation import mean_interval
 from ..runs import read_jsonl, recorded_config
 from .paper import cell_of
+from .verdict import leak_rates, orderings
 
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 COLUMNS = ["run", "system", "pass@1", "pass@1_lo", "pass@1_hi", "pass@k", "mean_final_len", "tokens_per_problem",
@@ -103,9 +104,14 @@ def comparisons(runs_dir: str | Path):
 
 
 def report(table, runs_dir: str | Path) -> str:
-    """The Markdown results file: seeds aggregated with intervals, paired tests, then every run."""
-    parts = ["## pass@1 across seeds (mean, 95% interval; one seed: Wilson)", "", to_markdown(across_seeds(table)),
-             "", "## Paired comparisons (same problems, same seeds; exact McNemar)", "",
+    """The Markdown results file: the paper's orderings judged, seeds aggregated with intervals,
+    training leak rates, paired tests within runs, then every run."""
+    parts = ["## The paper's orderings (difference first − second: mean over seeds, 95% interval; "
+             "agonlib.study.verdict)", "", to_markdown(orderings(runs_dir)),
+             "", "## pass@1 across seeds (mean, 95% interval; one seed: Wilson)", "", to_markdown(across_seeds(table)),
+             "", "## Training leak rate of the exchange cells (summaries that still state the gold)", "",
+             to_markdown(leak_rates(runs_dir)),
+             "", "## Paired comparisons within each run (same problems, same seeds; exact McNemar)", "",
              to_markdown(comparisons(runs_dir)), "", "## Every run", "", to_markdown(table)]
     return "\n".join(parts)
 
@@ -115,7 +121,9 @@ def to_markdown(table) -> str:
     def cell(v):
         if v is None or (isinstance(v, float) and v != v):
             return "—"
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
+        if isinstance(v, float):
+            return f"{v:.3f}" if v == 0 or abs(v) >= 0.001 else f"{v:.1e}"  # small p-values keep their size
+        return str(v)
 
     head = "| " + " | ".join(table.columns) + " |"
     rule = "|" + "|".join("---" for _ in table.columns) + "|"

@@ -1,0 +1,217 @@
+"""Which of the paper's orderings hold on a profile: paired differences with intervals (DESIGN.md §8).
+
+An ordering is one claim of the paper about two systems, each a system of one
+cell (``("agon", "cascade_AB")``): Agon's cascade scores above compute-matched
+GRPO, its final stage is shorter, rotating roles beat fixed ones …
+
+Within one seed every run evaluates the same held-out problems with the same
+per-problem sampling seeds (:mod:`agonlib.evaluation`), so two systems are
+paired item by item. For each ordering:
+
+* **per seed**, the difference ``first − second`` of pass@1 (or of the mean
+  final-stage length);
+* **across seeds**, the mean difference with a 95% t-interval: the seeds are the
+  replicates, so this interval decides the verdict whenever there are two or
+  more; with one seed, the paired normal interval of the item differences does;
+* **pooled over seeds**, the per-problem transitions (``first only``: right in
+  the first system, wrong in the second; ``second only``: the reverse) and an
+  exact McNemar p-value.
+
+With several samples per problem the samples of one problem are not
+independent: a problem's difference is the mean over its samples, and McNemar
+reads each problem's first sample. Items pair by position, so both systems must
+have evaluated the same number of problems and samples in that seed (the same
+profile gives the same held-out problems for one seed; the system's name is not
+part of any sampling seed). The cascade's second stage draws from its own
+seeds: pairing is by problem, not by shared random numbers.
+
+The verdict is ``holds`` when the interval lies wholly on the paper's side of
+zero — and, for pass@1, McNemar agrees (p < 0.05) — ``reversed`` when both say
+the other side, and ``not separated`` otherwise, also when the interval has no
+width to judge (identical differences). Two seeds give t = 12.7 and so almost
+never separate; one seed's interval measures evaluation noise only, not the
+spread between training seeds (the ``interval`` column says which). Eleven
+orderings at 95% each: expect one false ``holds`` in twenty tables by chance.
+A worked example: three seeds with differences +0.05, −0.02, +0.03 have mean
++0.02 and interval [−0.07, +0.11]: not separated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ..evaluation import mcnemar_exact, mean_interval
+from ..runs import read_jsonl, recorded_config
+from .paper import cell_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ordering:
+    claim: str
+    first: tuple[str, str]  # (cell, system)
+    second: tuple[str, str]
+    measure: str = "pass@1"  # or "final_len": mean tokens of the completion whose answer counts
+    expect: str = "higher"  # the paper's side: first's measure is "higher" or "lower" than second's
+
+
+AGON, GRPO_2N, GRPO = ("agon", "cascade_AB"), ("grpo_2n", "grpo"), ("grpo", "grpo")
+
+#: The paper's orderings (DESIGN.md §1), each cell by its deployment system (as in :mod:`.paper`).
+ORDERINGS = (
+    Ordering("Agon above GRPO-2N (compute-matched)", AGON, GRPO_2N),
+    Ordering("Agon above GRPO (N)", AGON, GRPO),
+    Ordering("Agon above cooperation + exchange", AGON, ("coop_exchange", "cascade_AB")),
+    Ordering("Agon above competition, no exchange", AGON, ("comp_no_exchange", "cascade_AB")),
+    Ordering("Agon above cooperation, no exchange", AGON, ("coop_no_exchange", "cascade_AB")),
+    Ordering("rotating roles above fixed roles", AGON, ("fixed_roles", "cascade_AB")),
+    Ordering("Agon's cascade A→B above its adapter A alone", AGON, ("agon", "A")),
+    Ordering("Agon's cascade B→A above its adapter B alone", ("agon", "cascade_BA"), ("agon", "B")),
+    Ordering("Agon's adapter A alone above GRPO-2N", ("agon", "A"), GRPO_2N),
+    Ordering("Agon's final stage shorter than GRPO-2N's", AGON, GRPO_2N, "final_len", "lower"),
+    Ordering("Agon's final stage shorter than GRPO's", AGON, GRPO, "final_len", "lower"),
+)
+
+COLUMNS = ["claim", "measure", "first", "second", "seeds", "per seed", "difference", "low", "high", "interval",
+           "problems", "first only", "second only", "McNemar p", "verdict"]
+ALPHA = 0.05
+
+
+def load_evaluations(runs_dir: str | Path) -> dict:
+    """``{(cell, seed): final_eval}`` for every evaluated run under ``runs_dir``."""
+    found = {}
+    for run_dir in sorted(p for p in Path(runs_dir).glob("*") if (p / "final_eval.json").exists()):
+        result = json.loads((run_dir / "final_eval.json").read_text())
+        seed = (result.get("meta") or {}).get("seed")
+        if seed is None:
+            seed = (recorded_config(run_dir) or {}).get("seed", 0)
+        key = (cell_of(run_dir.name), int(seed))
+        if key in found:
+            log.warning("%s is a second evaluated run of cell %s, seed %s: it replaces the first in the verdict.",
+                        run_dir.name, *key)
+        found[key] = result
+    return found
+
+
+def _items(result: dict, system: str, measure: str) -> tuple[list[list[float]], tuple] | None:
+    """One system's values per problem (a list of its samples' correctness or final-stage lengths) and the
+    evaluation's shape ``(problems, samples)``; ``None`` when the system or its per-item lists are missing."""
+    entry = result.get(system)
+    if not isinstance(entry, dict):
+        return None
+    values = entry.get("correct") if measure == "pass@1" else entry.get("final_len_distribution")
+    if not values:
+        return None
+    samples = int(entry.get("n_samples") or 1)
+    problems = int(entry.get("n_problems") or len(values) // samples)
+    if problems * samples != len(values):
+        return None
+    per_problem = [[float(v) for v in values[p * samples : (p + 1) * samples]] for p in range(problems)]
+    return per_problem, (problems, samples)
+
+
+def _paired_interval(diffs: list[float], z: float = 1.96) -> tuple[float, float]:
+    """Normal 95% interval of the mean of paired per-problem differences (one seed)."""
+    if len(diffs) < 2:
+        return (float("nan"), float("nan"))
+    half = z * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    mean = statistics.fmean(diffs)
+    return (mean - half, mean + half)
+
+
+def judge(low: float, high: float, expect: str) -> str:
+    """``holds`` / ``reversed`` / ``not separated`` from a 95% interval of ``first − second``.
+
+    >>> judge(0.01, 0.2, "higher"), judge(-0.3, -0.1, "higher"), judge(-0.1, 0.2, "higher")
+    ('holds', 'reversed', 'not separated')
+    >>> judge(-30.0, -5.0, "lower")
+    'holds'
+    """
+    if low != low or high != high or not low < high:  # no interval, or none with a width to judge
+        return "not separated"
+    above, below = low > 0, high < 0
+    if (above and expect == "higher") or (below and expect == "lower"):
+        return "holds"
+    if above or below:
+        return "reversed"
+    return "not separated"
+
+
+def ordering_row(ordering: Ordering, evaluations: dict) -> dict:
+    """One ordering's figures over every seed where both of its systems were evaluated on the same items."""
+    per_seed, pooled = [], []
+    seeds = sorted({seed for (_, seed) in evaluations})
+    for seed in seeds:
+        first = evaluations.get((ordering.first[0], seed))
+        second = evaluations.get((ordering.second[0], seed))
+        if first is None or second is None:
+            continue
+        a = _items(first, ordering.first[1], ordering.measure)
+        b = _items(second, ordering.second[1], ordering.measure)
+        if a is None or b is None or a[1] != b[1]:  # pairs only the same problems and samples
+            continue
+        per_seed.append(statistics.fmean(x for p in a[0] for x in p) - statistics.fmean(x for p in b[0] for x in p))
+        pooled.extend(zip(a[0], b[0]))
+    row = {"claim": ordering.claim, "measure": ordering.measure, "first": " ".join(ordering.first),
+           "second": " ".join(ordering.second), "seeds": len(per_seed),
+           "per seed": " ".join(f"{d:+.3f}" if ordering.measure == "pass@1" else f"{d:+.1f}" for d in per_seed)}
+    if not per_seed:
+        return {**row, "verdict": "not evaluated"}
+    # A problem's difference is the mean over its samples: samples of one problem are not independent.
+    diffs = [statistics.fmean(x) - statistics.fmean(y) for x, y in pooled]
+    if len(per_seed) > 1:
+        (mean, low, high), kind = mean_interval(per_seed), f"t over {len(per_seed)} seeds"
+    else:
+        (mean, (low, high)), kind = (per_seed[0], _paired_interval(diffs)), "problems, 1 seed"
+    row.update({"difference": mean, "low": low, "high": high, "interval": kind, "problems": len(diffs)})
+    word = judge(low, high, ordering.expect)
+    if ordering.measure == "pass@1":
+        first_only = sum(1 for x, y in pooled if x[0] > y[0])  # each problem's first sample
+        second_only = sum(1 for x, y in pooled if x[0] < y[0])
+        p = mcnemar_exact(first_only, second_only)
+        row.update({"first only": first_only, "second only": second_only, "McNemar p": p})
+        if p >= ALPHA:
+            word = "not separated"
+    row["verdict"] = word
+    return row
+
+
+def orderings(runs_dir: str | Path, which=ORDERINGS) -> pd.DataFrame:
+    """Every ordering of the paper, judged on the runs under ``runs_dir`` (one row each)."""
+    evaluations = load_evaluations(runs_dir)
+    return pd.DataFrame([ordering_row(o, evaluations) for o in which], columns=COLUMNS)
+
+
+LEAK_GOAL = 0.01  # issue 15: a summary should state the gold in at most 1% of training pairs
+
+
+def leak_rates(runs_dir: str | Path) -> pd.DataFrame:
+    """Training leak rate (``challenger/leak_rate``: the summary still states the gold) of each exchange cell.
+
+    One row per cell: its seeds, each seed's mean over its steps (and the mean of those),
+    the worst single step of any seed, and whether every seed's mean stays within :data:`LEAK_GOAL`.
+    """
+    per_cell: dict[str, list[tuple[float, float]]] = {}
+    for run_dir in sorted(p for p in Path(runs_dir).glob("*") if (p / "metrics.jsonl").exists()):
+        config = recorded_config(run_dir) or {}
+        if config.get("mode") != "agon" or not config.get("exchange", True):
+            continue
+        rates = [r["challenger/leak_rate"] for r in read_jsonl(run_dir / "metrics.jsonl")
+                 if isinstance(r.get("challenger/leak_rate"), (int, float))]
+        if rates:
+            per_cell.setdefault(cell_of(run_dir.name), []).append((statistics.fmean(rates), max(rates)))
+    goal = f"every seed ≤ {LEAK_GOAL}"
+    rows = [{"cell": cell, "seeds": len(seeds), "leak rate (mean of seeds)": statistics.fmean(m for m, _ in seeds),
+             "per seed (mean over steps)": " ".join(f"{m:.3f}" for m, _ in seeds),
+             "worst step": max(w for _, w in seeds), goal: all(m <= LEAK_GOAL for m, _ in seeds)}
+            for cell, seeds in sorted(per_cell.items())]
+    return pd.DataFrame(rows, columns=["cell", "seeds", "leak rate (mean of seeds)", "per seed (mean over steps)",
+                                       "worst step", goal])

@@ -1,0 +1,163 @@
+"""The paper's orderings judged from run files (agonlib.study.verdict): intervals decide, pairing by seed.
+
+Run directories are written by hand in the evaluation's format (``final_eval.json``
+with per-item correctness and final-stage lengths), so every expected figure
+can be worked out on paper.
+"""
+
+import json
+
+import pytest
+
+from agonlib.study import verdict
+from agonlib.study.verdict import Ordering
+
+N = 100  # held-out items per run
+
+
+def _correct(right: int, n: int = N, offset: int = 0) -> list[int]:
+    """``right`` ones among ``n`` items, starting at item ``offset`` (wrapping)."""
+    return [1 if (i - offset) % n < right else 0 for i in range(n)]
+
+
+def write_eval(root, cell, seed, systems: dict, *, mode="agon", exchange=True, leak=None):
+    """A run directory with a final_eval.json: ``systems`` maps a system to (correct list, final lengths)."""
+    run = root / (cell if seed == 0 else f"{cell}-seed{seed}")
+    run.mkdir(parents=True)
+    config = {"run_name": run.name, "seed": seed, "mode": mode, "exchange": exchange}
+    (run / "config.json").write_text(json.dumps({"config": config}))
+    result = {s: {"pass@1": sum(c) / len(c), "correct": c, "final_len_distribution": lens}
+              for s, (c, lens) in systems.items()}
+    result["meta"] = {"run": run.name, "seed": seed}
+    (run / "final_eval.json").write_text(json.dumps(result))
+    if leak is not None:
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": k + 1, "challenger/leak_rate": v}) + "\n"
+                                                   for k, v in enumerate(leak)))
+    return run
+
+
+def _lens(value: float) -> list[float]:
+    return [value] * N
+
+
+AGON_ABOVE_GRPO = Ordering("Agon above GRPO-2N", ("agon", "cascade_AB"), ("grpo_2n", "grpo"))
+
+
+@pytest.mark.parametrize("agon_right, grpo_right, verdict_word", [
+    # every seed 30 points apart: the interval lies far above zero
+    ((60, 62, 58), (30, 31, 29), "holds"),
+    # differences +0.05, -0.02, +0.03 (the module's worked example): mean +0.02, interval [-0.07, +0.11]
+    ((35, 28, 33), (30, 30, 30), "not separated"),
+    # the paper's order turned round on every seed
+    ((10, 12, 11), (40, 42, 41), "reversed"),
+])
+def test_verdict_comes_from_the_interval_across_seeds(tmp_path, agon_right, grpo_right, verdict_word):
+    for seed, (a, g) in enumerate(zip(agon_right, grpo_right)):
+        write_eval(tmp_path, "agon", seed, {"cascade_AB": (_correct(a), _lens(30))})
+        write_eval(tmp_path, "grpo_2n", seed, {"grpo": (_correct(g), _lens(40))}, mode="grpo")
+    row = verdict.ordering_row(AGON_ABOVE_GRPO, verdict.load_evaluations(tmp_path))
+    assert row["seeds"] == 3 and row["problems"] == 3 * N and row["interval"] == "t over 3 seeds"
+    assert row["difference"] == pytest.approx(sum(a - g for a, g in zip(agon_right, grpo_right)) / 3 / N)
+    assert row["verdict"] == verdict_word
+
+
+def test_worked_example_interval(tmp_path):
+    for seed, a in enumerate((35, 28, 33)):
+        write_eval(tmp_path, "agon", seed, {"cascade_AB": (_correct(a), _lens(30))})
+        write_eval(tmp_path, "grpo_2n", seed, {"grpo": (_correct(30), _lens(40))}, mode="grpo")
+    row = verdict.ordering_row(AGON_ABOVE_GRPO, verdict.load_evaluations(tmp_path))
+    assert row["per seed"] == "+0.050 -0.020 +0.030"
+    assert (round(row["low"], 3), round(row["high"], 3)) == (-0.07, 0.11)
+
+
+def test_pooled_transitions_and_mcnemar_count_items_where_only_one_is_right(tmp_path):
+    # One seed. Agon right on items 0-19, GRPO on items 10-24: Agon alone on 0-9, GRPO alone on 20-24.
+    write_eval(tmp_path, "agon", 0, {"cascade_AB": (_correct(20), _lens(30))})
+    write_eval(tmp_path, "grpo_2n", 0, {"grpo": (_correct(15, offset=10), _lens(40))}, mode="grpo")
+    row = verdict.ordering_row(AGON_ABOVE_GRPO, verdict.load_evaluations(tmp_path))
+    assert (row["first only"], row["second only"]) == (10, 5)
+    assert row["McNemar p"] == pytest.approx(verdict.mcnemar_exact(10, 5))
+    # one seed: the paired item interval of +0.05 (sd of the item differences ~0.39) straddles zero
+    assert row["low"] < 0 < row["high"] and row["verdict"] == "not separated"
+
+
+def test_one_seed_with_a_large_gap_holds_on_the_item_interval(tmp_path):
+    write_eval(tmp_path, "agon", 0, {"cascade_AB": (_correct(60), _lens(30))})
+    write_eval(tmp_path, "grpo_2n", 0, {"grpo": (_correct(20), _lens(40))}, mode="grpo")
+    row = verdict.ordering_row(AGON_ABOVE_GRPO, verdict.load_evaluations(tmp_path))
+    assert row["seeds"] == 1 and row["low"] > 0 and row["verdict"] == "holds"
+    assert row["interval"] == "problems, 1 seed"
+    assert (row["first only"], row["second only"]) == (40, 0)
+
+
+def test_length_ordering_expects_the_first_to_be_shorter(tmp_path):
+    for seed in range(3):
+        write_eval(tmp_path, "agon", seed, {"cascade_AB": (_correct(30), _lens(20 + seed))})
+        write_eval(tmp_path, "grpo_2n", seed, {"grpo": (_correct(30), _lens(45 - seed))}, mode="grpo")
+    shorter = Ordering("shorter", ("agon", "cascade_AB"), ("grpo_2n", "grpo"), "final_len", "lower")
+    row = verdict.ordering_row(shorter, verdict.load_evaluations(tmp_path))
+    assert row["per seed"] == "-25.0 -23.0 -21.0"
+    assert row["verdict"] == "holds"
+    assert "first only" not in row  # no McNemar for lengths
+    longer = Ordering("longer", ("agon", "cascade_AB"), ("grpo_2n", "grpo"), "final_len", "higher")
+    assert verdict.ordering_row(longer, verdict.load_evaluations(tmp_path))["verdict"] == "reversed"
+
+
+def test_seeds_pair_only_with_their_own_seed_and_the_same_items(tmp_path):
+    write_eval(tmp_path, "agon", 0, {"cascade_AB": (_correct(50), _lens(30))})
+    write_eval(tmp_path, "agon", 1, {"cascade_AB": (_correct(50), _lens(30))})
+    write_eval(tmp_path, "grpo_2n", 1, {"grpo": (_correct(20), _lens(40))}, mode="grpo")  # seed 0 missing
+    write_eval(tmp_path, "agon", 2, {"cascade_AB": (_correct(50), _lens(30))})
+    write_eval(tmp_path, "grpo_2n", 2, {"grpo": (_correct(10, n=50), [40.0] * 50)}, mode="grpo")  # other items
+    row = verdict.ordering_row(AGON_ABOVE_GRPO, verdict.load_evaluations(tmp_path))
+    assert row["seeds"] == 1 and row["per seed"] == "+0.300"
+
+
+def test_an_ordering_with_a_missing_cell_is_not_evaluated(tmp_path):
+    write_eval(tmp_path, "agon", 0, {"cascade_AB": (_correct(50), _lens(30))})
+    table = verdict.orderings(tmp_path)
+    assert list(table["claim"]) == [o.claim for o in verdict.ORDERINGS]
+    assert set(table["verdict"]) == {"not evaluated"}
+
+
+def test_samples_of_one_problem_count_once(tmp_path):
+    # 50 problems x 2 samples: the first system is right on both samples of problems 0-24 and on the first
+    # sample of 25-49; the second never. Per-problem differences 1.0 and 0.5, McNemar on first samples: 50 / 0.
+    first = [1, 1] * 25 + [1, 0] * 25
+    write_eval(tmp_path, "agon", 0, {"cascade_AB": (first, [30.0] * 100)})
+    write_eval(tmp_path, "grpo_2n", 0, {"grpo": ([0] * 100, [40.0] * 100)}, mode="grpo")
+    for run, system in (("agon", "cascade_AB"), ("grpo_2n", "grpo")):
+        path = tmp_path / run / "final_eval.json"
+        result = json.loads(path.read_text())
+        result[system].update({"n_problems": 50, "n_samples": 2})
+        path.write_text(json.dumps(result))
+    row = verdict.ordering_row(AGON_ABOVE_GRPO, verdict.load_evaluations(tmp_path))
+    assert row["problems"] == 50 and row["difference"] == pytest.approx(0.75)
+    assert (row["first only"], row["second only"]) == (50, 0)
+    assert row["verdict"] == "holds"
+
+
+def test_an_interval_without_width_separates_nothing(tmp_path):
+    # three seeds with exactly the same difference: a t-interval of width zero is not evidence
+    for seed in range(3):
+        write_eval(tmp_path, "agon", seed, {"cascade_AB": (_correct(60), _lens(30))})
+        write_eval(tmp_path, "grpo_2n", seed, {"grpo": (_correct(30), _lens(40))}, mode="grpo")
+    row = verdict.ordering_row(AGON_ABOVE_GRPO, verdict.load_evaluations(tmp_path))
+    assert row["low"] == row["high"] == pytest.approx(0.3)
+    assert row["verdict"] == "not separated"
+
+
+def test_leak_rates_cover_exchange_cells_only(tmp_path):
+    write_eval(tmp_path, "agon", 0, {}, leak=[0.0, 0.01, 0.005])
+    write_eval(tmp_path, "agon", 1, {}, leak=[0.0, 0.0, 0.0])
+    write_eval(tmp_path, "fixed_roles", 0, {}, leak=[0.0, 0.0])
+    write_eval(tmp_path, "comp_no_exchange", 0, {}, exchange=False, leak=[0.5])  # no summary shown: not a leak
+    write_eval(tmp_path, "grpo", 0, {}, mode="grpo")
+    table = verdict.leak_rates(tmp_path).set_index("cell")
+    assert list(table.index) == ["agon", "fixed_roles"]
+    assert table.loc["agon", "per seed (mean over steps)"] == "0.005 0.000"
+    assert table.loc["agon", "leak rate (mean of seeds)"] == pytest.approx(0.0025)
+    assert table.loc["agon", "worst step"] == pytest.approx(0.01)
+    assert table.loc["agon", "every seed ≤ 0.01"] and table.loc["fixed_roles", "every seed ≤ 0.01"]
+    write_eval(tmp_path, "coop_exchange", 0, {}, leak=[0.03, 0.01])
+    assert not verdict.leak_rates(tmp_path).set_index("cell").loc["coop_exchange", "every seed ≤ 0.01"]

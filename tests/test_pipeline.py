@@ -169,3 +169,8 @@ def test_evaluation_in_two_processes_equals_one(tmp_path, capsys):
     with pytest.raises(RuntimeError, match=r"Evaluating grpo failed"):
         pipeline.evaluate_runs("smoke", out_dir=tmp_path / "two", eval_problems=3, jobs=2, force=True)
     assert (tmp_path / "two" / "runs" / "smoke" / "agon" / "final_eval.json").exists()
+
+    # evaluating one run alone does not move the untrained systems (base, moa) onto it: they stay with agon
+    (tmp_path / "one" / "runs" / "smoke" / "grpo" / "final_eval.json").unlink()
+    only = pipeline.evaluate_runs("smoke", out_dir=tmp_path / "one", runs=["grpo"], eval_problems=3)
+    assert list(only) == ["grpo"] and "moa" not in only["grpo"] and "base" not in only["grpo"]

@@ -225,13 +225,15 @@ def evaluate_runs(profile: str, *, runs=None, systems=None, out_dir: str | Path 
     job evaluates in this process and reuses one loaded model. A failing run
     stops the evaluation (runs not yet started are cancelled) with its name.
     """
-    dirs = [d for d in run_dirs(profile, out_dir) if runs is None or d.name in runs]
+    every = run_dirs(profile, out_dir)
+    dirs = [d for d in every if runs is None or d.name in runs]
     if not dirs:
         print(f"No runs to evaluate under {output_paths(profile, out_dir).runs} — run the training notebooks "
               "(01–06) first.", flush=True)
         return {}
     configs = {d: load_run_config(d) for d in dirs}
-    baselines = _baseline_runs(configs)
+    # Chosen among every run of the profile, so that evaluating some runs never moves base and moa elsewhere.
+    baselines = _baseline_runs({d: configs.get(d) or load_run_config(d) for d in every})
     results, todo = {}, []
     for run_dir, config in configs.items():
         if systems is not None:

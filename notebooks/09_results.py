@@ -74,8 +74,11 @@ runs_dir = output_paths(profile, out_dir).runs
 verdict.orderings(runs_dir)
 
 # %% [markdown]
-# How often a training summary still stated the gold answer, per exchange cell
-# (the masking of DESIGN.md §2 step 3 should keep it near zero).
+# How often a training summary still stated the gold answer, per exchange cell.
+# The masking of DESIGN.md §2 step 3 removes the drafter's own answer, so a right
+# draft should never leak; a wrong draft can still state the gold as a step of its
+# reasoning (`5 + 2 = 7`, then a wrong box), which the last two columns count
+# in the logged sample rounds.
 
 # %%
 verdict.leak_rates(runs_dir)

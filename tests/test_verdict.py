@@ -20,7 +20,7 @@ def _correct(right: int, n: int = N, offset: int = 0) -> list[int]:
     return [1 if (i - offset) % n < right else 0 for i in range(n)]
 
 
-def write_eval(root, cell, seed, systems: dict, *, mode="agon", exchange=True, leak=None):
+def write_eval(root, cell, seed, systems: dict, *, mode="agon", exchange=True, leak=None, logged=()):
     """A run directory with a final_eval.json: ``systems`` maps a system to (correct list, final lengths)."""
     run = root / (cell if seed == 0 else f"{cell}-seed{seed}")
     run.mkdir(parents=True)
@@ -33,6 +33,9 @@ def write_eval(root, cell, seed, systems: dict, *, mode="agon", exchange=True, l
     if leak is not None:
         (run / "metrics.jsonl").write_text("".join(json.dumps({"step": k + 1, "challenger/leak_rate": v}) + "\n"
                                                    for k, v in enumerate(leak)))
+    # logged sample rounds: (draft_correct, leaked) per pair
+    items = [{"draft_correct": c, "leaked": leaked, "summary": "s"} for c, leaked in logged]
+    (run / "rollouts.jsonl").write_text(json.dumps({"step": 1, "problems": [{"rollouts": items}]}) + "\n")
     return run
 
 
@@ -148,7 +151,7 @@ def test_an_interval_without_width_separates_nothing(tmp_path):
 
 
 def test_leak_rates_cover_exchange_cells_only(tmp_path):
-    write_eval(tmp_path, "agon", 0, {}, leak=[0.0, 0.01, 0.005])
+    write_eval(tmp_path, "agon", 0, {}, leak=[0.0, 0.01, 0.005], logged=[(1, False), (0, True), (0, False)])
     write_eval(tmp_path, "agon", 1, {}, leak=[0.0, 0.0, 0.0])
     write_eval(tmp_path, "fixed_roles", 0, {}, leak=[0.0, 0.0])
     write_eval(tmp_path, "comp_no_exchange", 0, {}, exchange=False, leak=[0.5])  # no summary shown: not a leak
@@ -159,5 +162,7 @@ def test_leak_rates_cover_exchange_cells_only(tmp_path):
     assert table.loc["agon", "leak rate (mean of seeds)"] == pytest.approx(0.0025)
     assert table.loc["agon", "worst step"] == pytest.approx(0.01)
     assert table.loc["agon", "every seed ≤ 0.01"] and table.loc["fixed_roles", "every seed ≤ 0.01"]
+    assert table.loc["agon", "logged: right drafts leaking"] == "0 / 1"  # masking failures
+    assert table.loc["agon", "logged: wrong drafts leaking"] == "1 / 2"  # the gold as a step of wrong reasoning
     write_eval(tmp_path, "coop_exchange", 0, {}, leak=[0.03, 0.01])
     assert not verdict.leak_rates(tmp_path).set_index("cell").loc["coop_exchange", "every seed ≤ 0.01"]

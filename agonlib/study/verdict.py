@@ -198,20 +198,38 @@ def leak_rates(runs_dir: str | Path) -> pd.DataFrame:
 
     One row per cell: its seeds, each seed's mean over its steps (and the mean of those),
     the worst single step of any seed, and whether every seed's mean stays within :data:`LEAK_GOAL`.
+    From the logged sample rounds (``rollouts.jsonl``) it also counts the leaks by the draft's
+    correctness: a right draft that still states the gold is a masking failure; a wrong draft
+    can state the gold as a step of its reasoning (``5 + 2 = 7`` before boxing 8), which
+    masking the drafter's own answer does not and should not remove.
     """
     per_cell: dict[str, list[tuple[float, float]]] = {}
+    logged: dict[str, dict[str, int]] = {}
     for run_dir in sorted(p for p in Path(runs_dir).glob("*") if (p / "metrics.jsonl").exists()):
         config = recorded_config(run_dir) or {}
         if config.get("mode") != "agon" or not config.get("exchange", True):
             continue
         rates = [r["challenger/leak_rate"] for r in read_jsonl(run_dir / "metrics.jsonl")
                  if isinstance(r.get("challenger/leak_rate"), (int, float))]
-        if rates:
-            per_cell.setdefault(cell_of(run_dir.name), []).append((statistics.fmean(rates), max(rates)))
+        if not rates:
+            continue
+        cell = cell_of(run_dir.name)
+        per_cell.setdefault(cell, []).append((statistics.fmean(rates), max(rates)))
+        counts = logged.setdefault(cell, {"right": 0, "right leaked": 0, "wrong": 0, "wrong leaked": 0})
+        for record in read_jsonl(run_dir / "rollouts.jsonl"):
+            for problem in record.get("problems", []):
+                for item in problem.get("rollouts", []):
+                    if "leaked" in item and "draft_correct" in item:
+                        kind = "right" if item["draft_correct"] else "wrong"
+                        counts[kind] += 1
+                        counts[f"{kind} leaked"] += bool(item["leaked"])
     goal = f"every seed ≤ {LEAK_GOAL}"
+    columns = ["cell", "seeds", "leak rate (mean of seeds)", "per seed (mean over steps)", "worst step", goal,
+               "logged: right drafts leaking", "logged: wrong drafts leaking"]
     rows = [{"cell": cell, "seeds": len(seeds), "leak rate (mean of seeds)": statistics.fmean(m for m, _ in seeds),
              "per seed (mean over steps)": " ".join(f"{m:.3f}" for m, _ in seeds),
-             "worst step": max(w for _, w in seeds), goal: all(m <= LEAK_GOAL for m, _ in seeds)}
+             "worst step": max(w for _, w in seeds), goal: all(m <= LEAK_GOAL for m, _ in seeds),
+             "logged: right drafts leaking": f"{logged[cell]['right leaked']} / {logged[cell]['right']}",
+             "logged: wrong drafts leaking": f"{logged[cell]['wrong leaked']} / {logged[cell]['wrong']}"}
             for cell, seeds in sorted(per_cell.items())]
-    return pd.DataFrame(rows, columns=["cell", "seeds", "leak rate (mean of seeds)", "per seed (mean over steps)",
-                                       "worst step", goal])
+    return pd.DataFrame(rows, columns=columns)

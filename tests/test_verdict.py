@@ -81,14 +81,14 @@ def test_pooled_transitions_and_mcnemar_count_items_where_only_one_is_right(tmp_
     assert (row["first only"], row["second only"]) == (10, 5)
     assert row["McNemar p"] == pytest.approx(verdict.mcnemar_exact(10, 5))
     # one seed: the paired item interval of +0.05 (sd of the item differences ~0.39) straddles zero
-    assert row["low"] < 0 < row["high"] and row["verdict"] == "not separated"
+    assert row["low"] < 0 < row["high"] and row["verdict"] == "not separated (1 seed)"
 
 
 def test_one_seed_with_a_large_gap_holds_on_the_item_interval(tmp_path):
     write_eval(tmp_path, "agon", 0, {"cascade_AB": (_correct(60), _lens(30))})
     write_eval(tmp_path, "grpo_2n", 0, {"grpo": (_correct(20), _lens(40))}, mode="grpo")
     row = verdict.ordering_row(AGON_ABOVE_GRPO, verdict.load_evaluations(tmp_path))
-    assert row["seeds"] == 1 and row["low"] > 0 and row["verdict"] == "holds"
+    assert row["seeds"] == 1 and row["low"] > 0 and row["verdict"] == "holds (1 seed)"
     assert row["interval"] == "problems, 1 seed"
     assert (row["first only"], row["second only"]) == (40, 0)
 
@@ -121,6 +121,7 @@ def test_an_ordering_with_a_missing_cell_is_not_evaluated(tmp_path):
     table = verdict.orderings(tmp_path)
     assert list(table["claim"]) == [o.claim for o in verdict.ORDERINGS]
     assert set(table["verdict"]) == {"not evaluated"}
+    assert table["first only"].isna().all()  # no counts where nothing was compared
 
 
 def test_samples_of_one_problem_count_once(tmp_path):
@@ -137,7 +138,7 @@ def test_samples_of_one_problem_count_once(tmp_path):
     row = verdict.ordering_row(AGON_ABOVE_GRPO, verdict.load_evaluations(tmp_path))
     assert row["problems"] == 50 and row["difference"] == pytest.approx(0.75)
     assert (row["first only"], row["second only"]) == (50, 0)
-    assert row["verdict"] == "holds"
+    assert row["verdict"] == "holds (1 seed)"
 
 
 def test_an_interval_without_width_separates_nothing(tmp_path):

@@ -119,7 +119,7 @@ def report(table, runs_dir: str | Path) -> str:
 def to_markdown(table) -> str:
     """A GitHub table without the optional ``tabulate`` dependency."""
     def cell(v):
-        if v is None or (isinstance(v, float) and v != v):
+        if v is None or (not isinstance(v, (list, tuple)) and pd.isna(v)):
             return "—"
         if isinstance(v, float):
             return f"{v:.3f}" if v == 0 or abs(v) >= 0.001 else f"{v:.1e}"  # small p-values keep their size

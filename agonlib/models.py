@@ -90,6 +90,11 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the OS reports it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def cpu_threads(setting: int = 0) -> int:
     """Torch's CPU threads for ``Config.threads``: the setting, else ``OMP_NUM_THREADS``, else every core but one.
 
@@ -101,7 +106,7 @@ def cpu_threads(setting: int = 0) -> int:
         return setting
     if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
         return int(os.environ["OMP_NUM_THREADS"])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     return max(1, (cores - 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # data parallel: split them
 
 

@@ -43,7 +43,7 @@ from ..agon import play_round
 from ..config import Config, ConfigError, load_config
 from ..data import problems_for
 from ..evaluation import default_systems, evaluate
-from ..models import load_policies, pick_device, pick_dtype, use_unsloth
+from ..models import load_policies, pick_device, pick_dtype, usable_cores, use_unsloth
 from ..runs import last_checkpoint_step, last_logged_step, latest_adapters, load_run_config, read_jsonl, recorded_config
 from ..trainer import Trainer, train
 from .paths import output_paths
@@ -251,7 +251,7 @@ def evaluate_runs(profile: str, *, runs=None, systems=None, out_dir: str | Path 
         if path.exists() and (force or not _evaluated_newest(run_dir, json.loads(path.read_text()))):
             path.unlink()  # made on an older checkpoint (or forced): start the file afresh
         todo.append((run_dir, wanted, n))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     if jobs is None:
         on_gpu = any(pick_device(c.device).type != "cpu" for c in configs.values())
         jobs = 1 if on_gpu else min(2, cores)

@@ -33,9 +33,10 @@ def write_eval(root, cell, seed, systems: dict, *, mode="agon", exchange=True, l
     if leak is not None:
         (run / "metrics.jsonl").write_text("".join(json.dumps({"step": k + 1, "challenger/leak_rate": v}) + "\n"
                                                    for k, v in enumerate(leak)))
-    # logged sample rounds: (draft_correct, leaked) per pair
-    items = [{"draft_correct": c, "leaked": leaked, "summary": "s"} for c, leaked in logged]
-    (run / "rollouts.jsonl").write_text(json.dumps({"step": 1, "problems": [{"rollouts": items}]}) + "\n")
+    # logged sample rounds: one problem per (question, gold, [(draft_correct, leaked) per pair])
+    problems = [{"question": q, "answer": gold, "rollouts": [{"draft_correct": c, "leaked": leaked, "summary": "s"}
+                                                           for c, leaked in pairs]} for q, gold, pairs in logged]
+    (run / "rollouts.jsonl").write_text(json.dumps({"step": 1, "problems": problems}) + "\n")
     return run
 
 
@@ -152,7 +153,10 @@ def test_an_interval_without_width_separates_nothing(tmp_path):
 
 
 def test_leak_rates_cover_exchange_cells_only(tmp_path):
-    write_eval(tmp_path, "agon", 0, {}, leak=[0.0, 0.01, 0.005], logged=[(1, False), (0, True), (0, False)])
+    logged = [("Ada has 5 pens. She finds 2 more.", "7", [(1, False), (0, True), (0, False)]),
+              ("Bo has 2 pens. He loses 1.", "1", [(0, True), (1, False)]),  # the gold 1 is in the question
+              ("Cy has 12 pens. He loses 1.", "11", [(0, True)])]  # 1 is in "11"'s question, 11 is not
+    write_eval(tmp_path, "agon", 0, {}, leak=[0.0, 0.01, 0.005], logged=logged)
     write_eval(tmp_path, "agon", 1, {}, leak=[0.0, 0.0, 0.0])
     write_eval(tmp_path, "fixed_roles", 0, {}, leak=[0.0, 0.0])
     write_eval(tmp_path, "comp_no_exchange", 0, {}, exchange=False, leak=[0.5])  # no summary shown: not a leak
@@ -163,7 +167,8 @@ def test_leak_rates_cover_exchange_cells_only(tmp_path):
     assert table.loc["agon", "leak rate (mean of seeds)"] == pytest.approx(0.0025)
     assert table.loc["agon", "worst step"] == pytest.approx(0.01)
     assert table.loc["agon", "every seed ≤ 0.01"] and table.loc["fixed_roles", "every seed ≤ 0.01"]
-    assert table.loc["agon", "logged: right drafts leaking"] == "0 / 1"  # masking failures
-    assert table.loc["agon", "logged: wrong drafts leaking"] == "1 / 2"  # the gold as a step of wrong reasoning
+    assert table.loc["agon", "logged: right drafts leaking"] == "0 / 2"  # masking failures
+    assert table.loc["agon", "logged: wrong drafts leaking"] == "3 / 4"  # the gold as a step of wrong reasoning
+    assert table.loc["agon", "of which the gold is in the question"] == 1  # whole numbers only: not 11's "1"
     write_eval(tmp_path, "coop_exchange", 0, {}, leak=[0.03, 0.01])
     assert not verdict.leak_rates(tmp_path).set_index("cell").loc["coop_exchange", "every seed ≤ 0.01"]

@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,6 +197,7 @@ def orderings(runs_dir: str | Path, which=ORDERINGS) -> pd.DataFrame:
 
 
 LEAK_GOAL = 0.01  # issue 15: a summary should state the gold in at most 1% of training pairs
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def leak_rates(runs_dir: str | Path) -> pd.DataFrame:
@@ -206,7 +208,9 @@ def leak_rates(runs_dir: str | Path) -> pd.DataFrame:
     From the logged sample rounds (``rollouts.jsonl``) it also counts the leaks by the draft's
     correctness: a right draft that still states the gold is a masking failure; a wrong draft
     can state the gold as a step of its reasoning (``5 + 2 = 7`` before boxing 8), which
-    masking the drafter's own answer does not and should not remove.
+    masking the drafter's own answer does not and should not remove — and on small arithmetic
+    the gold is often a number of the question itself (``has 2, loses 1``: gold 1), which the
+    challenger reads anyway; those wrong-draft leaks are counted apart.
     """
     per_cell: dict[str, list[tuple[float, float]]] = {}
     logged: dict[str, dict[str, int]] = {}
@@ -220,21 +224,25 @@ def leak_rates(runs_dir: str | Path) -> pd.DataFrame:
             continue
         cell = cell_of(run_dir.name)
         per_cell.setdefault(cell, []).append((statistics.fmean(rates), max(rates)))
-        counts = logged.setdefault(cell, {"right": 0, "right leaked": 0, "wrong": 0, "wrong leaked": 0})
+        counts = logged.setdefault(cell, {"right": 0, "right leaked": 0, "wrong": 0, "wrong leaked": 0,
+                                          "gold in question": 0})
         for record in read_jsonl(run_dir / "rollouts.jsonl"):
             for problem in record.get("problems", []):
+                in_question = str(problem.get("answer", "")).strip() in _NUMBER.findall(problem.get("question", ""))
                 for item in problem.get("rollouts", []):
                     if "leaked" in item and "draft_correct" in item:
                         kind = "right" if item["draft_correct"] else "wrong"
                         counts[kind] += 1
                         counts[f"{kind} leaked"] += bool(item["leaked"])
+                        counts["gold in question"] += bool(item["leaked"]) and kind == "wrong" and in_question
     goal = f"every seed ≤ {LEAK_GOAL}"
     columns = ["cell", "seeds", "leak rate (mean of seeds)", "per seed (mean over steps)", "worst step", goal,
-               "logged: right drafts leaking", "logged: wrong drafts leaking"]
+               "logged: right drafts leaking", "logged: wrong drafts leaking", "of which the gold is in the question"]
     rows = [{"cell": cell, "seeds": len(seeds), "leak rate (mean of seeds)": statistics.fmean(m for m, _ in seeds),
              "per seed (mean over steps)": " ".join(f"{m:.3f}" for m, _ in seeds),
              "worst step": max(w for _, w in seeds), goal: all(m <= LEAK_GOAL for m, _ in seeds),
              "logged: right drafts leaking": f"{logged[cell]['right leaked']} / {logged[cell]['right']}",
-             "logged: wrong drafts leaking": f"{logged[cell]['wrong leaked']} / {logged[cell]['wrong']}"}
+             "logged: wrong drafts leaking": f"{logged[cell]['wrong leaked']} / {logged[cell]['wrong']}",
+             "of which the gold is in the question": logged[cell]["gold in question"]}
             for cell, seeds in sorted(per_cell.items())]
     return pd.DataFrame(rows, columns=columns)

@@ -145,7 +145,7 @@ def test_training_status(tmp_path, ckpts, logged, evaluated, status):
     assert pipeline.training_status(config) == status
 
 
-def test_evaluation_in_two_processes_equals_one(tmp_path, capsys):
+def test_evaluation_in_two_processes_equals_one(tmp_path, capsys, monkeypatch):
     """jobs=2 (a process per run) gives the very results of jobs=1 (one process, one shared model)."""
     kw = dict(out_dir=tmp_path / "one", max_new_tokens=4, progress=False)
     pipeline.train_cell("smoke", "agon", steps=1, **kw)
@@ -174,3 +174,13 @@ def test_evaluation_in_two_processes_equals_one(tmp_path, capsys):
     (tmp_path / "one" / "runs" / "smoke" / "grpo" / "final_eval.json").unlink()
     only = pipeline.evaluate_runs("smoke", out_dir=tmp_path / "one", runs=["grpo"], eval_problems=3)
     assert list(only) == ["grpo"] and "moa" not in only["grpo"] and "base" not in only["grpo"]
+
+    # a run evaluated by another process after this job planned its work is not evaluated again
+    def no_second_evaluation(*args, **kwargs):
+        raise AssertionError("evaluated twice")
+    monkeypatch.setattr(pipeline, "evaluate", no_second_evaluation)
+    grpo_dir = tmp_path / "one" / "runs" / "smoke" / "grpo"
+    assert pipeline._evaluate_one(grpo_dir, ("grpo",), 3, False) == only["grpo"]
+    assert "evaluated by another process meanwhile" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="evaluated twice"):
+        pipeline._evaluate_one(grpo_dir, ("grpo",), 3, False, force=True)

@@ -223,7 +223,9 @@ def evaluate_runs(profile: str, *, runs=None, systems=None, out_dir: str | Path 
     samples depend only on its seeds, not on what runs beside it; with another
     thread count than one job gets, float reductions may round differently. One
     job evaluates in this process and reuses one loaded model. A failing run
-    stops the evaluation (runs not yet started are cancelled) with its name.
+    stops the evaluation (runs not yet started are cancelled) with its name. A run that
+    another process finishes evaluating after this call planned its work is skipped when
+    its turn comes.
     """
     every = run_dirs(profile, out_dir)
     dirs = [d for d in every if runs is None or d.name in runs]
@@ -260,13 +262,13 @@ def evaluate_runs(profile: str, *, runs=None, systems=None, out_dir: str | Path 
         loaded = {}  # one model per base/LoRA shape: each run loads its own adapters into it
         for run_dir, wanted, n in todo:
             results[run_dir.name] = _evaluate_one(run_dir, wanted, n, progress,
-                                                  _shared_policies(run_dir, configs[run_dir], loaded))
+                                                  _shared_policies(run_dir, configs[run_dir], loaded), force)
     else:
-        results.update(_evaluate_in_processes(todo, jobs, max(1, cores // jobs), progress))
+        results.update(_evaluate_in_processes(todo, jobs, max(1, cores // jobs), progress, force))
     return {d.name: results[d.name] for d in dirs if d.name in results}
 
 
-def _evaluate_in_processes(todo: list, jobs: int, threads: int, progress: bool) -> dict:
+def _evaluate_in_processes(todo: list, jobs: int, threads: int, progress: bool, force: bool = False) -> dict:
     """``todo`` (``(run_dir, systems, n)``) in ``jobs`` worker processes; the first failure cancels the rest."""
     todo = sorted(todo, key=lambda item: -len(item[1]))  # the costliest first: no worker left with a long tail
     print(f"Evaluating {len(todo)} runs, {jobs} at a time ({threads} thread each); each run's progress goes "
@@ -275,7 +277,8 @@ def _evaluate_in_processes(todo: list, jobs: int, threads: int, progress: bool) 
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_worker_threads, initargs=(threads,))
     try:
-        futures = {pool.submit(_evaluate_one, run_dir, wanted, n, progress): run_dir for run_dir, wanted, n in todo}
+        futures = {pool.submit(_evaluate_one, run_dir, wanted, n, progress, None, force): run_dir
+                   for run_dir, wanted, n in todo}
         for future in as_completed(futures):
             run_dir = futures[future]
             try:
@@ -296,7 +299,12 @@ def _worker_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _evaluate_one(run_dir: Path, systems: tuple, n: int, progress: bool, policies=None) -> dict:
+def _evaluate_one(run_dir: Path, systems: tuple, n: int, progress: bool, policies=None, force: bool = False) -> dict:
+    # Checked again when the run's turn comes: another process (a second job, or a notebook run
+    # by hand) may have evaluated it since this job planned its work.
+    if not force and evaluation_done(run_dir, systems, n):
+        print(f"{run_dir.name}: evaluated by another process meanwhile; skipped.", flush=True)
+        return json.loads((run_dir / "final_eval.json").read_text())
     print(f"{run_dir.name}: evaluating {', '.join(systems)} on {n} held-out problems.", flush=True)
     start = time.perf_counter()
     result = evaluate(run_dir, systems=systems, n_problems=n, progress=progress, policies=policies)

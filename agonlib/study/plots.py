@@ -548,7 +548,9 @@ def conversion_rates(runs: list[Run], profile: str, fig_dir: Path) -> FigureFile
         notes += _curves(ax, agon, lambda run, key=key: _rolled(run, key, window), data, key.split("/")[1])
         if not agon:
             _note(ax, "no Agon-style runs logged yet\n(vanilla GRPO has no challenger)")
-        ax.set(title=title + _smoothing_text(window), xlabel="training step", ylabel="rate", ylim=(-0.02, 1.02))
+        # three panels side by side: the smoothing note on its own line, or the titles run into each other
+        ax.set(title=title + ("\n" + _smoothing_text(window).strip() if window > 1 else ""),
+               xlabel="training step", ylabel="rate", ylim=(-0.02, 1.02))
     if not agon:
         notes.append("No Agon-style runs with metrics.")
     _legend(fig, axes)

@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +49,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..evaluation import mcnemar_exact, mean_interval
+from ..parsing import mask_answer
 from ..runs import read_jsonl, recorded_config
 from .paper import cell_of
 
@@ -197,7 +197,6 @@ def orderings(runs_dir: str | Path, which=ORDERINGS) -> pd.DataFrame:
 
 
 LEAK_GOAL = 0.01  # issue 15: a summary should state the gold in at most 1% of training pairs
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def leak_rates(runs_dir: str | Path) -> pd.DataFrame:
@@ -228,7 +227,9 @@ def leak_rates(runs_dir: str | Path) -> pd.DataFrame:
                                           "gold in question": 0})
         for record in read_jsonl(run_dir / "rollouts.jsonl"):
             for problem in record.get("problems", []):
-                in_question = str(problem.get("answer", "")).strip() in _NUMBER.findall(problem.get("question", ""))
+                # the whole-token rule of the masking itself: would masking the gold change the question?
+                question = problem.get("question", "")
+                in_question = mask_answer(question, str(problem.get("answer", ""))) != question
                 for item in problem.get("rollouts", []):
                     if "leaked" in item and "draft_correct" in item:
                         kind = "right" if item["draft_correct"] else "wrong"

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import lean
 from .shared_prefix import PrefixRun, share_prefixes
 
 log = logging.getLogger(__name__)
@@ -513,6 +514,7 @@ def grpo_update(
                     finite = False
                     del logp, loss  # this micro-batch's graph, and (below) the prefix's: nothing flows back
                     break
+                lean.release_free_memory(loss.device)  # the forward's freed temporaries: not under the backward's peak
                 (loss if scaler is None else scaler.scale(loss)).backward()
                 total += loss.item()
                 parts.append(st)

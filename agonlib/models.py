@@ -22,6 +22,8 @@ path, a local directory or a hub id. With a CUDA GPU and Unsloth installed the
 base loads through Unsloth's ``FastLanguageModel`` (optional extra ``gpu``) when
 rollouts go through Unsloth's vLLM engine, and with plain transformers otherwise
 (:func:`use_unsloth`). ``Policies.dtype`` is the dtype the weights were loaded in.
+On CPU the model's MLPs run through :mod:`agonlib.lean` (the same function bit for bit, fewer
+activations kept for the backward pass).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
+from . import lean
 from .config import Config
 
 log = logging.getLogger(__name__)
@@ -528,6 +531,7 @@ def load_policies(config: Config, adapters: tuple[str, ...] = ADAPTERS) -> Polic
     if loaded != dtype:
         log.warning("Asked for %s, %s loaded the base in %s; recording %s.", dtype, loader, loaded, loaded)
     model = attach_adapters(base, config, adapters).to(device)
+    lean.install(model)  # on CPU: SwiGLU keeping fewer activations, bit-identical (agonlib/lean.py)
     stops = {tokenizer.eos_token_id}
     eos = base.generation_config.eos_token_id
     stops.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])

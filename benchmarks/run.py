@@ -19,14 +19,14 @@ Sections (issue 7):
 - ``step``: one Agon training step against one vanilla GRPO step with ``2N``
   generations, both generating the same number of tokens (stop tokens off, so
   every completion runs to ``max_new_tokens``), advantages forced non-zero so
-  both update on every sequence; split into generation, log-prob (a no-grad
-  forward) and update (forward, backward, AdamW) seconds.
+  both update on every sequence; split into generation and update (the
+  trainer's own ``update_role``: forward, backward, AdamW) seconds.
 - ``rss``: peak resident memory of a process that loads and runs one such
   step: two adapters on one base (Agon), one adapter (GRPO), and the Agon
   step while a second base model (one adapter, weights in private memory)
   is held, which is what two separate policy models would add; and Agon and
   GRPO again without the profile's ``micro_batch_tokens`` cap. Each in its
-  own subprocess.
+  own subprocess, ``--reps`` times (one process's peak varies from run to run).
 - ``grading``: the math grader pool (``benchmarks/grading.py``).
 - ``load``: first load of the SmolLM2 GGUF (dequantise into an empty cache)
   against a cached load, each in a fresh subprocess.
@@ -70,6 +70,7 @@ def machine() -> dict:
     return {
         "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "avx512": "avx512f" in flags, "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
+        "amx": "amx_bf16" in flags,
         "torch": torch.__version__, "python": platform.python_version(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
@@ -233,13 +234,24 @@ def bench_step(args) -> dict:
 
 
 def bench_rss(args) -> dict:
-    """Peak RSS of one forced step in its own process: Agon, GRPO-2N, Agon beside a second base, and both uncapped."""
+    """Peak RSS of one forced step in its own process: Agon, GRPO-2N, Agon beside a second base, and both uncapped.
+
+    Each child runs ``args.reps`` times (kinds alternating): the peak of one process varies by up to ~0.8 GB
+    from run to run here (how the C heap fragments), so the ratios are of the means, and the range is shown.
+    """
     kinds = {"agon": ("agon",), "grpo": ("grpo_2n",), "two_copies": ("agon", "--second-base"),
              "agon_uncapped": ("agon", "--uncapped"), "grpo_uncapped": ("grpo_2n", "--uncapped")}
-    rows = {}
-    for name, (kind, *flags) in kinds.items():
-        rows[name] = _step_child(HERE.parent, kind, args, *flags)
-        print(f"  rss {name}: peak {rows[name]['peak_rss_mib']} MiB", flush=True)
+    reps = {name: [] for name in kinds}
+    for rep in range(args.reps):
+        for name, (kind, *flags) in (list(kinds.items()) if rep % 2 == 0 else list(kinds.items())[::-1]):
+            reps[name].append(_step_child(HERE.parent, kind, args, "--seed", str(rep), *flags))
+            print(f"  rss {name} (rep {rep}): peak {reps[name][-1]['peak_rss_mib']} MiB", flush=True)
+    mean = lambda xs: round(sum(xs) / len(xs), 1)  # noqa: E731
+    rows = {name: {**runs[0], **{key: mean([r[key] for r in runs])
+                                 for key in ("after_load_rss_mib", "generation_peak_rss_mib", "peak_rss_mib")},
+                   "peak_rss_range_mib": [min(r["peak_rss_mib"] for r in runs), max(r["peak_rss_mib"] for r in runs)],
+                   "reps": len(runs)}
+            for name, runs in reps.items()}
     ratio = lambda a, b: round(rows[a]["peak_rss_mib"] / rows[b]["peak_rss_mib"], 3)  # noqa: E731
     return {"runs": rows, "peak_rss_ratio": ratio("agon", "grpo"), "two_copies_ratio": ratio("two_copies", "grpo"),
             "peak_rss_ratio_without_token_cap": ratio("agon_uncapped", "grpo_uncapped"),
@@ -420,7 +432,8 @@ def markdown(results: dict) -> str:
     m = results["machine"]
     lines = [f"# Benchmarks — {results['date']}", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['torch_threads']} threads, "
-             f"AVX-512: {m['avx512']}, AVX-512 bf16: {m['avx512_bf16']}, load average at start {m['load_avg_1m']}.",
+             f"AVX-512: {m['avx512']}, AVX-512 bf16: {m['avx512_bf16']}, AMX: {m.get('amx', '?')}, "
+             f"load average at start {m['load_avg_1m']}.",
              "", "| key | value |", "|---|---|"]
     for key in ("rollout_speedup", "agon_grpo_step_ratio", "adapter_param_fraction", "peak_rss_ratio",
                 "step_speedup_vs_baseline", "rollout_roofline_fraction", "peak_rss_agon_step_mb", "dtype"):
@@ -450,15 +463,18 @@ def markdown(results: dict) -> str:
         if s.get("step_speedup_vs_baseline"):
             lines.append(f"; Agon step, baseline `{s['baseline']}` ÷ this tree: **{s['step_speedup_vs_baseline']}×** "
                          f"(update alone {s['update_speedup_vs_baseline']}×)")
-            lines[-2] += lines.pop()  # one paragraph
+            tail = lines.pop()
+            lines[-1] += tail  # one paragraph
         lines.append("\n\nForward passes of the model in the update (with gradients / without): "
                      + "; ".join(f"{k} {v['with_grad']}/{v['no_grad']}" for k, v in s["update_forwards"].items()))
     if "rss" in results:
-        lines += ["", "## Peak RSS (one forced step, own process)", "",
-                  "| run | after load MiB | generation peak MiB | peak MiB |", "|---|---|---|---|"]
+        lines += ["", "## Peak RSS (one forced step, own process; mean of the repetitions)", "",
+                  "| run | after load MiB | generation peak MiB | peak MiB | peak range MiB (runs) |",
+                  "|---|---|---|---|---|"]
         for kind, row in results["rss"]["runs"].items():
+            low, high = row.get("peak_rss_range_mib", [row["peak_rss_mib"]] * 2)
             lines.append(f"| {kind} | {row['after_load_rss_mib']} | {row.get('generation_peak_rss_mib', '?')} "
-                         f"| {row['peak_rss_mib']} |")
+                         f"| {row['peak_rss_mib']} | {low}–{high} ({row.get('reps', 1)}) |")
         r = results["rss"]
         lines.append(f"\nAgon ÷ GRPO-2N: **{r['peak_rss_ratio']}** (without the token cap: "
                      f"{r.get('peak_rss_ratio_without_token_cap', '?')}); two copies ÷ GRPO-2N: {r['two_copies_ratio']}")
@@ -552,7 +568,13 @@ def main(argv=None) -> None:
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}.")
     results = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {}
-    results.update({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+    here = machine()
+    same = ("cpu", "cores", "avx512", "avx512_bf16", "amx", "torch")
+    if results and any(results.get("machine", {}).get(k) != here[k] for k in same):
+        print(f"{OUT_JSON.name} was measured on another machine ({results.get('machine', {}).get('cpu')}): "
+              "its sections are dropped, not mixed with this run's.", flush=True)
+        results = {}
+    results.update({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": here,
                     "quick": args.quick})
     runners = {"params": bench_params, "rollout": bench_rollout, "step": bench_step, "rss": bench_rss,
                "threads": bench_threads, "grading": bench_grading, "load": bench_load, "vllm": bench_vllm}

@@ -46,21 +46,36 @@ def smoke_policies():
     return _load("smoke")
 
 
+def _restored(policies, trainable_only: bool = False):
+    """Yield ``policies``; afterwards its parameters (or only the adapters'), their gradients and the active
+    adapter are as before."""
+    model = policies.model
+    saved = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad or not trainable_only}
+    active = model.active_adapter
+    try:
+        yield policies
+    finally:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name in saved:
+                    p.copy_(saved[name])
+                    p.grad = None
+        model.set_adapter(active)
+
+
 @pytest.fixture
 def smoke_policies_scratch(smoke_policies):
     """``smoke_policies`` for a test that changes weights: every parameter and the active adapter are restored."""
-    model = smoke_policies.model
-    saved = {name: p.detach().clone() for name, p in model.named_parameters()}
-    active = model.active_adapter
-    yield smoke_policies
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(saved[name])
-            p.grad = None
-    model.set_adapter(active)
+    yield from _restored(smoke_policies)
 
 
 @pytest.fixture(scope="session")
 def smol_policies():
     """The cpu profile's SmolLM2-135M-Instruct (GGUF, dequantised and cached under ~/.cache/agon)."""
     return _load("cpu")
+
+
+@pytest.fixture
+def smol_policies_scratch(smol_policies):
+    """``smol_policies`` for a test that changes its adapters: they are restored afterwards."""
+    yield from _restored(smol_policies, trainable_only=True)

@@ -56,6 +56,16 @@ def test_fast_logits_equal_transformers_smollm2(smol_policies, adapter):
     _fast_vs_transformers(smol_policies, adapter, atol=1e-3)
 
 
+def test_fast_logits_equal_transformers_in_bf16():
+    # The dtype `dtype: auto` picks on CPUs with AVX512-BF16/AMX, where the decoder prepacks bf16 weights too:
+    # logits ~1; each path rounds to bf16 at different points (merged weights, fused matmuls).
+    from agonlib import load_config, load_policies
+
+    policies = load_policies(load_config("smoke", device="cpu", dtype="bfloat16"))
+    assert policies.dtype == torch.bfloat16
+    _fast_vs_transformers(policies, "A", atol=0.03)  # measured under 0.01 (a bf16 ulp at 1 is 0.008)
+
+
 def test_fast_logits_follow_a_trained_adapter(smoke_policies_scratch):
     policies = smoke_policies_scratch
     with torch.no_grad():
@@ -97,6 +107,32 @@ def test_decode_forward_choice(smoke_policies, monkeypatch):
     _forward(smoke_policies, monkeypatch, "fast")
     with pytest.raises(ValueError, match="decode_forward=fast needs"):
         engine_for(smoke_policies, "A")
+
+
+@pytest.mark.parametrize("rows", [[0, 2, 3], [1], [0, 1, 2, 3], [0, 0, 1, 1, 1, 3], [3, 1, 0], [2, 2]])
+def test_cache_select_keeps_the_rows_it_is_given(rows):
+    # Leaving rows close up in place (strictly increasing), anything else is gathered: both equal t[:, rows].
+    cache = fast.KVCache(layers=2, batch=4, heads=3, length=5, head_dim=2, dtype=torch.bfloat16, device="cpu")
+    cache.k.copy_(torch.randn(cache.k.shape))
+    cache.v.copy_(torch.randn(cache.v.shape))
+    want_k, want_v = cache.k[:, rows].clone(), cache.v[:, rows].clone()
+    cache.select(torch.tensor(rows))
+    assert torch.equal(cache.k, want_k) and torch.equal(cache.v, want_v)
+    cache.select(torch.tensor([len(rows) - 1]))  # and again, on what is left
+    assert torch.equal(cache.k, want_k[:, -1:]) and torch.equal(cache.v, want_v[:, -1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepacked_linear_agrees_with_f_linear(dtype):
+    weight = (0.05 * torch.randn(96, 64)).to(dtype)
+    x = torch.randn(5, 2, 64).to(dtype)
+    if not fast._can_pack(weight):  # bf16 packing needs a CPU with native bf16
+        assert dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        pytest.skip("this CPU has no native bf16: the decoder runs F.linear")
+    got, want = fast.Linear(weight, None, pack=True)(x), torch.nn.functional.linear(x, weight)
+    assert got.shape == want.shape == (5, 2, 96) and got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
 def test_supports_only_dense_llama_and_qwen3(smoke_policies):

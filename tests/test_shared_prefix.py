@@ -44,9 +44,10 @@ def _close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> bool:
 
 def _check(policies, micro_batch_size, num_iterations=1, beta=0.0):
     model = policies.model
+    gen = torch.Generator().manual_seed(0)  # the same adapter whichever tests ran before
     with torch.no_grad():  # non-zero B so that the adapter changes what the prompt tokens compute
         for p in policies.params("A"):
-            p.add_(0.02 * torch.randn_like(p))
+            p.add_(0.02 * torch.randn(p.shape, generator=gen))
     rollouts = _rollouts(policies.tokenizer.vocab_size)
     adv = torch.linspace(-1.5, 1.2, len(rollouts))
     pad = policies.tokenizer.pad_token_id
@@ -72,8 +73,14 @@ def _check(policies, micro_batch_size, num_iterations=1, beta=0.0):
     g_plain = _grads(policies, plain, cfg)
     g_shared = _grads(policies, shared, cfg)
     assert any(g.abs().sum() > 0 for g in g_plain)
+    # The adapter gradient as a whole within 1e-5 (the issue's bound), and no tensor of it far off. Tensor by
+    # tensor, the smallest gradients carry float32 rounding at ~1e-5 of their norm: SmolLM2's 420 tensors
+    # measured up to 1.14e-5 apart on a 2-core AVX-512 Xeon (the whole: 3.7-4.5e-6, five seeds), under 1e-5 on
+    # an AVX2 EPYC.
+    flat = lambda gs: torch.cat([g.flatten() for g in gs])  # noqa: E731
+    assert _close(flat(g_shared), flat(g_plain)), (flat(g_shared) - flat(g_plain)).norm() / flat(g_plain).norm()
     for a, b in zip(g_shared, g_plain):
-        assert _close(a, b), (a - b).norm() / b.norm()
+        assert _close(a, b, rel=3e-5), (a - b).norm() / b.norm()
 
 
 @pytest.mark.parametrize("micro_batch_size, num_iterations, beta", [(None, 1, 0.0), (2, 1, 0.0), (3, 2, 0.1)])
@@ -83,17 +90,8 @@ def test_shared_prefix_gives_the_unshared_logprobs_and_gradients(smoke_policies_
 
 
 @pytest.mark.slow
-def test_shared_prefix_gradients_on_smollm2(smol_policies):
-    model = smol_policies.model
-    saved = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    try:
-        _check(smol_policies, 3)
-    finally:
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if n in saved:
-                    p.copy_(saved[n])
-                    p.grad = None
+def test_shared_prefix_gradients_on_smollm2(smol_policies_scratch):
+    _check(smol_policies_scratch, 3)
 
 
 def test_a_gradient_through_the_prefix_is_not_lost(smoke_policies_scratch):

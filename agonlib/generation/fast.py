@@ -22,6 +22,8 @@ no sliding window. :func:`supports` says whether a model qualifies; with
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -71,10 +73,10 @@ def _fused(linears, adapter) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 class Linear:
-    """``y = x W^T + b``, with ``W`` prepacked for oneDNN when ``pack`` (CPU, float32; see :func:`_can_pack`).
+    """``y = x W^T + b``, with ``W`` prepacked for oneDNN when ``pack`` (CPU, float32 or bfloat16; :func:`_can_pack`).
 
-    On this AMD CPU MKL's sgemm runs small-batch decode shapes 1.3–3× slower
-    than oneDNN with a prepacked weight (``benchmarks/NOTES.md``).
+    At decode shapes a prepacked weight runs 1.3–3× faster than ``F.linear`` in float32 on a 2-core
+    AMD EPYC, and 1.6–2.5× faster in bfloat16 on a 2-core Xeon with AMX (``benchmarks/NOTES.md``).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool):
@@ -91,15 +93,27 @@ class Linear:
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
-    """Whether oneDNN's private prepacked linear is here and agrees with ``F.linear`` on ``weight``."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+    """Whether oneDNN's private prepacked linear is here and agrees with ``F.linear`` on ``weight``.
+
+    float32 always (where oneDNN is); bfloat16 where the CPU has native bf16 (AVX512-BF16, AMX).
+    """
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
+        tol = 2**-6  # a few bf16 ulps: both round the same fp32 sums to bf16
+    elif weight.dtype == torch.float32:
+        tol = 1e-4
+    else:
         return False
     try:
         probe = torch.linspace(-1, 1, 3 * weight.shape[1], dtype=weight.dtype).view(3, -1)
         got = Linear(weight, None, pack=True)(probe)
     except (AttributeError, RuntimeError):  # the private ops moved or refuse this build
         return False
-    return torch.allclose(got, F.linear(probe, weight), rtol=1e-4, atol=1e-4)
+    want = F.linear(probe, weight)
+    return torch.allclose(got.float(), want.float(), rtol=tol, atol=tol * float(want.abs().max()))
 
 
 class _Layer:
@@ -122,8 +136,30 @@ class KVCache:
         self.used = 0  # positions filled so far (the same for every row: prompts are left-padded)
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` (batch indices, in the new order)."""
-        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        """Keep only ``rows`` (batch indices, in the new order).
+
+        Rows that leave (``rows`` strictly increasing) are closed up in place, a copy of each row that moves;
+        anything else (the prefill's repeated prompts) is copied row by row into new tensors. Both copy
+        whole rows, the same values as ``k[:, rows]``, whose advanced indexing ran ~6× slower here
+        (``benchmarks/NOTES.md``).
+        """
+        order = rows.tolist()
+        if all(a < b for a, b in itertools.pairwise(order)):
+            for j, r in enumerate(order):  # r >= j: a row's source is never a destination already written
+                if r != j:
+                    self.k[:, j].copy_(self.k[:, r])
+                    self.v[:, j].copy_(self.v[:, r])
+            self.k, self.v = self.k[:, :len(order)], self.v[:, :len(order)]
+            return
+        self.k, self.v = _gather_rows(self.k, order), _gather_rows(self.v, order)
+
+
+def _gather_rows(t: torch.Tensor, order: list[int]) -> torch.Tensor:
+    """``t[:, order]`` by whole-row copies."""
+    out = t.new_empty((t.shape[0], len(order), *t.shape[2:]))
+    for j, r in enumerate(order):
+        out[:, j].copy_(t[:, r])
+    return out
 
 
 class FastDecoder:

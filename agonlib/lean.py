@@ -1,0 +1,138 @@
+"""A training forward that keeps less for the backward pass: the same function, fewer saved tensors.
+
+On the ``cpu`` profile the update's peak memory is the activations autograd keeps between a micro-batch's
+forward and backward passes (~1.5 MB a token on SmolLM2-135M in float32; ``benchmarks/NOTES.md``).
+:func:`install` removes one redundant tensor per layer from a loaded CPU model: ``silu(gate) * up``,
+as two autograd ops, keeps ``gate``, ``silu(gate)`` and ``up``; one function that recomputes
+``silu(gate)`` (elementwise) in its backward pass keeps ``gate`` and ``up``. It runs the kernels
+autograd runs for the two ops, so values and gradients are the same bit for bit (``tests/test_lean.py``),
+and a run trained with it is the run trained without it.
+
+Tried and left out (``benchmarks/NOTES.md``): grouped-query attention without repeating keys and values
+(SDPA's ``enable_gqa`` with a mask) keeps a third of the keys and values, but its gradients differ in
+float rounding, which flipped one sampled token by step 7 of a 30-step run: the committed results would
+no longer regenerate bit for bit.
+
+In bf16 (``dtype: auto`` on a CPU with AVX512-BF16 or AMX) :func:`install` also runs the adapters in bf16
+under autocast, their fp32 weights staying the master copies the optimizer updates. PEFT would otherwise
+cast each LoRA layer's bf16 input to fp32 to meet the adapter's fp32 weight, and keep that copy for the
+backward pass: seven copies per layer, more than half of what a bf16 update keeps (``benchmarks/NOTES.md``).
+Under autocast the adapter reads the bf16 input the base layer already keeps. Not bit-identical to the fp32
+adapter path: ``A`` and ``B`` are rounded to bf16 in the forward pass, as the rollouts' merged weights
+(``agonlib.generation.fast``) already were.
+
+In bf16 the LM head also gets its input in one block. ``transformers`` hands it ``hidden[:, -k:]``
+(``logits_to_keep``), a view ``torch.matmul`` cannot fold into one matrix product while it needs a gradient: it
+multiplies row by row and first copies the head's weight once per row, ``(rows, hidden, vocab)`` (396 MB for 7
+rows of SmolLM2 in bf16). In one block it is one product, 11× faster. In float32 it would be 2.5× faster, but
+it rounds differently (the shared-prefix gradient test moved by ~1e-6), so the committed float32 runs would
+no longer regenerate bit for bit: left as it is there.
+
+And one for the allocator: :func:`release_free_memory` hands glibc's free heap pages back to the system.
+A forward pass leaves its temporaries' pages free between the activations it keeps; glibc keeps them
+resident, and the backward pass's peak stacks on top (``benchmarks/NOTES.md``). The update calls it
+between a micro-batch's forward and backward passes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import types
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["bf16_adapters", "install", "installed", "release_free_memory"]
+
+
+class _SwiGLU(torch.autograd.Function):
+    """``silu(gate) * up``, keeping ``gate`` and ``up`` for the backward pass and nothing else."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        gate, up = ctx.saved_tensors
+        # The kernels autograd runs for the two ops: the same gradients, bit for bit.
+        return torch.ops.aten.silu_backward(grad * up, gate), grad * F.silu(gate)
+
+
+def _swiglu_forward(self, x):
+    return self.down_proj(_SwiGLU.apply(self.gate_proj(x), self.up_proj(x)))
+
+
+def _autocast_forward(self, *args, **kwargs):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return type(self).forward(self, *args, **kwargs)
+
+
+def bf16_adapters(model) -> bool:
+    """Whether :func:`install` runs ``model``'s adapters in bf16 under autocast."""
+    inner = getattr(model, "get_base_model", lambda: model)()
+    return getattr(vars(inner).get("forward"), "__func__", None) is _autocast_forward
+
+
+def _contiguous_input(module, args):
+    x = args[0]
+    # Not .contiguous(): a (1, 1, H) slice counts as contiguous with strides matmul will not fold. This copies
+    # only where the rows are not one block already, and gives the strides matmul folds.
+    return (x.reshape(-1, x.size(-1)).view(x.shape), *args[1:])
+
+
+def installed(model) -> bool:
+    """Whether :func:`install` switched ``model``'s MLPs over."""
+    return any(vars(m).get("forward") is not None and getattr(vars(m)["forward"], "__func__", None) is _swiglu_forward
+               for m in model.modules())
+
+
+def install(model) -> bool:
+    """Make a CPU model's training forward lean (the module docstring); returns whether its MLPs were switched.
+
+    Its SwiGLU MLPs run :class:`_SwiGLU`; in bf16 its adapters also run under autocast and its LM head gets
+    its input in one block. Left alone: a model off the CPU (a GPU keeps its own kernels, Unsloth's among them) and
+    MLPs that are not ``down(silu(gate(x)) * up(x))``.
+    """
+    inner = getattr(model, "get_base_model", lambda: model)()
+    config = getattr(inner, "config", None)
+    if next(inner.parameters()).device.type != "cpu" or getattr(config, "hidden_act", None) != "silu":
+        return False
+    mlps = [m for m in inner.modules() if all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))]
+    for module in mlps:
+        module.forward = types.MethodType(_swiglu_forward, module)
+    if next(inner.parameters()).dtype != torch.bfloat16:
+        return bool(mlps)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if head is not None and getattr(head, "_agon_contiguous_input", None) is None:  # once
+        head._agon_contiguous_input = head.register_forward_pre_hook(_contiguous_input)  # the hook's handle
+    loras = [m for m in inner.modules() if hasattr(m, "cast_input_dtype_enabled") and hasattr(m, "lora_A")]
+    if loras:
+        for module in loras:  # the bf16 input goes to the adapter as it is; autocast casts its weights
+            module.cast_input_dtype_enabled = False
+        # On the base model: PeftModel.forward and .generate both reach it; nothing reaches a LoRA layer otherwise.
+        inner.forward = types.MethodType(_autocast_forward, inner)
+    return bool(mlps)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to release this way
+        return None
+
+
+def release_free_memory(device: torch.device | str = "cpu") -> bool:
+    """Return the C heap's free pages to the system (glibc's ``malloc_trim``); whether it could.
+
+    A no-op off the CPU and where the C library is not glibc. Costs milliseconds.
+    """
+    trim = _malloc_trim() if torch.device(device).type == "cpu" else None
+    if trim is None:
+        return False
+    trim(0)
+    return True

@@ -99,15 +99,12 @@ def _can_pack(weight: torch.Tensor) -> bool:
     """
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
-    if weight.dtype == torch.bfloat16:
-        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            return False
-        tol = 2**-6  # a few bf16 ulps: both round the same fp32 sums to bf16
-    elif weight.dtype == torch.float32:
-        tol = 1e-4
-    else:
+    if weight.dtype not in (torch.float32, torch.bfloat16):
         return False
+    tol = 1e-4 if weight.dtype == torch.float32 else 2**-6  # bf16: a few ulps, both round fp32 sums to bf16
     try:
+        if weight.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
         probe = torch.linspace(-1, 1, 3 * weight.shape[1], dtype=weight.dtype).view(3, -1)
         got = Linear(weight, None, pack=True)(probe)
     except (AttributeError, RuntimeError):  # the private ops moved or refuse this build

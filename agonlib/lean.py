@@ -71,10 +71,23 @@ def _autocast_forward(self, *args, **kwargs):
         return type(self).forward(self, *args, **kwargs)
 
 
+def _inner(model):
+    """The transformers model under a PEFT wrapper (or ``model`` itself)."""
+    return getattr(model, "get_base_model", lambda: model)()
+
+
+def _runs(module, forward) -> bool:
+    """Whether ``module``'s own (instance) forward is ``forward``."""
+    return getattr(vars(module).get("forward"), "__func__", None) is forward
+
+
+def _lora_layers(inner) -> list:
+    return [m for m in inner.modules() if hasattr(m, "cast_input_dtype_enabled") and hasattr(m, "lora_A")]
+
+
 def bf16_adapters(model) -> bool:
     """Whether :func:`install` runs ``model``'s adapters in bf16 under autocast."""
-    inner = getattr(model, "get_base_model", lambda: model)()
-    return getattr(vars(inner).get("forward"), "__func__", None) is _autocast_forward
+    return _runs(_inner(model), _autocast_forward)
 
 
 def _contiguous_input(module, args):
@@ -86,8 +99,7 @@ def _contiguous_input(module, args):
 
 def installed(model) -> bool:
     """Whether :func:`install` switched ``model``'s MLPs over."""
-    return any(vars(m).get("forward") is not None and getattr(vars(m)["forward"], "__func__", None) is _swiglu_forward
-               for m in model.modules())
+    return any(_runs(m, _swiglu_forward) for m in model.modules())
 
 
 def install(model) -> bool:
@@ -97,19 +109,19 @@ def install(model) -> bool:
     its input in one block. Left alone: a model off the CPU (a GPU keeps its own kernels, Unsloth's among them) and
     MLPs that are not ``down(silu(gate(x)) * up(x))``.
     """
-    inner = getattr(model, "get_base_model", lambda: model)()
-    config = getattr(inner, "config", None)
-    if next(inner.parameters()).device.type != "cpu" or getattr(config, "hidden_act", None) != "silu":
+    inner = _inner(model)
+    weight = next(inner.parameters())
+    if weight.device.type != "cpu" or getattr(getattr(inner, "config", None), "hidden_act", None) != "silu":
         return False
     mlps = [m for m in inner.modules() if all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))]
     for module in mlps:
         module.forward = types.MethodType(_swiglu_forward, module)
-    if next(inner.parameters()).dtype != torch.bfloat16:
+    if weight.dtype != torch.bfloat16:
         return bool(mlps)
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if head is not None and getattr(head, "_agon_contiguous_input", None) is None:  # once
         head._agon_contiguous_input = head.register_forward_pre_hook(_contiguous_input)  # the hook's handle
-    loras = [m for m in inner.modules() if hasattr(m, "cast_input_dtype_enabled") and hasattr(m, "lora_A")]
+    loras = _lora_layers(inner)
     if loras:
         for module in loras:  # the bf16 input goes to the adapter as it is; autocast casts its weights
             module.cast_input_dtype_enabled = False

@@ -22,8 +22,8 @@ path, a local directory or a hub id. With a CUDA GPU and Unsloth installed the
 base loads through Unsloth's ``FastLanguageModel`` (optional extra ``gpu``) when
 rollouts go through Unsloth's vLLM engine, and with plain transformers otherwise
 (:func:`use_unsloth`). ``Policies.dtype`` is the dtype the weights were loaded in.
-On CPU the model's MLPs run through :mod:`agonlib.lean` (the same function bit for bit, fewer
-activations kept for the backward pass).
+On CPU the training forward runs through :mod:`agonlib.lean`: MLPs that keep fewer activations (the
+same function bit for bit) and, in bf16, adapters under autocast and a foldable LM-head input.
 """
 
 from __future__ import annotations
@@ -531,7 +531,7 @@ def load_policies(config: Config, adapters: tuple[str, ...] = ADAPTERS) -> Polic
     if loaded != dtype:
         log.warning("Asked for %s, %s loaded the base in %s; recording %s.", dtype, loader, loaded, loaded)
     model = attach_adapters(base, config, adapters).to(device)
-    lean.install(model)  # on CPU: SwiGLU keeping fewer activations, bit-identical (agonlib/lean.py)
+    lean.install(model)  # on CPU: fewer activations kept; in bf16 also adapters under autocast (agonlib/lean.py)
     stops = {tokenizer.eos_token_id}
     eos = base.generation_config.eos_token_id
     stops.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])

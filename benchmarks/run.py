@@ -431,7 +431,8 @@ def bench_vllm(args) -> dict:
 def markdown(results: dict) -> str:
     m = results["machine"]
     lines = [f"# Benchmarks — {results['date']}", "",
-             f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['torch_threads']} threads, "
+             f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads at start; "
+             "the sections set their own), "
              f"AVX-512: {m['avx512']}, AVX-512 bf16: {m['avx512_bf16']}, AMX: {m.get('amx', '?')}, "
              f"load average at start {m['load_avg_1m']}.",
              "", "| key | value |", "|---|---|"]

@@ -118,9 +118,8 @@ def test_release_free_memory_only_on_the_cpu():
 def _fp32_adapters(model):
     """``model`` with PEFT's own adapter path: each LoRA layer casts its bf16 input to fp32, no autocast."""
     inner = model.get_base_model()
-    loras = [m for m in inner.modules() if hasattr(m, "cast_input_dtype_enabled") and hasattr(m, "lora_A")]
     del inner.forward
-    for m in loras:
+    for m in lean._lora_layers(inner):
         m.cast_input_dtype_enabled = True
     try:
         yield
@@ -194,8 +193,3 @@ def _plain_head(head):
         yield
     finally:
         head._agon_contiguous_input = head.register_forward_pre_hook(lean._contiguous_input)
-
-
-def _foldable(x: torch.Tensor) -> bool:
-    """Whether matmul can treat ``x`` (..., H) as one (rows, H) matrix without a copy: its strides, size-1 dims too."""
-    return all(x.stride(i) == x.stride(i + 1) * x.size(i + 1) for i in range(x.dim() - 1))

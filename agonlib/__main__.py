@@ -21,7 +21,7 @@ from pathlib import Path
 from . import prompts
 from .config import ConfigError, load_config, parse_override
 from .evaluation import evaluate
-from .gate import format_gate, gate_path, run_gate, write_gate
+from .gate import format_gate, gate_path, resolved_dtype, run_gate, write_gate
 from .generation import generate, sample_seed
 from .models import AssetError, load_policies
 from .runs import CheckpointError, latest_adapters, load_run_config
@@ -58,7 +58,8 @@ def cmd_round(args) -> int:
 
 def cmd_gate(args) -> int:
     config = _load(args)
-    path = write_gate(run_gate(config, progress=True), Path(args.out) if args.out else gate_path(config.profile))
+    path = Path(args.out) if args.out else gate_path(config.profile, dtype=resolved_dtype(config))
+    path = write_gate(run_gate(config, progress=True), path)
     result = json.loads(path.read_text())
     print(format_gate(result))
     print(f"Written to {path}")
@@ -136,9 +137,11 @@ def main(argv: list[str] | None = None) -> int:
                             description="Draft/challenge pairs of the untrained adapters on held-out problems "
                                         "(gate_problems x num_generations): boxed rate, truncation, accuracy, "
                                         "conversion and regression of drafts and of challenges with and without "
-                                        "exchange. Writes experiments/gate/<profile>.json.")
+                                        "exchange. Writes experiments/gate/<profile>.json (<profile>-<dtype>.json "
+                                        "outside float32).")
     _config_args(p_gate)
-    p_gate.add_argument("--out", default=None, help="where to write the JSON (default experiments/gate/<profile>.json)")
+    p_gate.add_argument("--out", default=None, help="where to write the JSON (default experiments/gate/<profile>.json, "
+                        "<profile>-<dtype>.json outside float32)")
     p_gate.add_argument("--strict", action="store_true", help="exit 1 when the gate fails")
     p_gate.set_defaults(func=cmd_gate)
     p_train = sub.add_parser("train", help="run (or resume) a training run")

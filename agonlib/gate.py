@@ -15,9 +15,10 @@ A challenge prompt that makes the challenger worse than no summary at all at
 initialisation is a prompt bug, not a finding. The goals (``GOALS``): the
 challenger boxes ≥ 80% of its answers and runs into its token cap ≤ 15% of the
 time with exchange, and is at least as accurate with exchange as without, in
-both framings. The result goes to ``experiments/gate/<profile>.json`` with a
-fingerprint of the prompts and settings it measured, so the reproduction
-reruns the gate only when one of them changed (:func:`cached_gate`).
+both framings. The result goes to ``experiments/gate/<profile>.json`` (float32;
+``<profile>-<dtype>.json`` in another dtype: ``dtype: auto`` is bf16 on a CPU with
+AMX) with a fingerprint of the prompts and settings it measured, so the
+reproduction reruns the gate only when one of them changed (:func:`cached_gate`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .agon import grade, leaks
 from .config import REPO_ROOT, Config
 from .data import problems_for
 from .generation import SamplingParams, generate, sample_seed
-from .models import load_policies
+from .models import load_policies, pick_device, pick_dtype
 
 GATE_DIR = REPO_ROOT / "experiments" / "gate"
 CONDITIONS = ("competitive", "cooperative", "no_exchange")
@@ -45,9 +46,18 @@ FINGERPRINT_KEYS = ("model", "dtype", "thinking", "task", "dataset", "levels", "
                     "lora_alpha", "lora_targets", "b_init_std", "tiny_hidden_size", "tiny_layers")
 
 
+def resolved_dtype(config: Config) -> str:
+    """The dtype ``config.dtype`` resolves to on this machine (``auto``: bf16 on a CPU with AMX, fp32 on one without)."""
+    return str(pick_dtype(config.dtype, pick_device(config.device))).removeprefix("torch.")
+
+
 def fingerprint(config: Config) -> str:
-    """A short hash of the prompts and the settings the gate measured."""
+    """A short hash of the prompts and the settings the gate measured.
+
+    The dtype is the one this machine resolves ``dtype`` to: a gate measured in one does not stand for the other.
+    """
     settings = {k: getattr(config, k) for k in FINGERPRINT_KEYS}
+    settings["dtype"] = resolved_dtype(config)
     blob = json.dumps({"prompts": prompts.all_prompts(), "settings": settings}, sort_keys=True, default=str)
     return hashlib.blake2b(blob.encode(), digest_size=8).hexdigest()
 
@@ -121,8 +131,9 @@ def run_gate(config: Config, policies=None, *, progress: bool = True, examples: 
             "prompts": prompts.all_prompts(), "examples": samples}
 
 
-def gate_path(profile: str, root: str | Path | None = None) -> Path:
-    return Path(root or GATE_DIR) / f"{profile}.json"
+def gate_path(profile: str, root: str | Path | None = None, dtype: str = "float32") -> Path:
+    """``<profile>.json`` for a gate measured in float32, ``<profile>-<dtype>.json`` in any other dtype."""
+    return Path(root or GATE_DIR) / (f"{profile}.json" if dtype == "float32" else f"{profile}-{dtype}.json")
 
 
 def write_gate(result: dict, path: Path) -> Path:

@@ -16,11 +16,13 @@ Sections (issue 7):
   decode loop on the ``transformers`` forward, and agonlib's fast path
   (``agonlib.generation.fast``). Same model, dtype, prompts, sampling; tokens counted up
   to each completion's stop token. Also this machine's matmul roofline.
-- ``step``: one Agon training step against one vanilla GRPO step with ``2N``
+- ``step``: Agon training steps against vanilla GRPO steps with ``2N``
   generations, both generating the same number of tokens (stop tokens off, so
   every completion runs to ``max_new_tokens``), advantages forced non-zero so
   both update on every sequence; split into generation and update (the
-  trainer's own ``update_role``: forward, backward, AdamW) seconds.
+  trainer's own ``update_role``: forward, backward, AdamW) seconds. Each
+  process runs ``--train-steps`` consecutive steps; the ratios are of the
+  later ones (a run's steady state), the first step's are reported apart.
 - ``rss``: peak resident memory of a process that loads and runs one such
   step: two adapters on one base (Agon), one adapter (GRPO), and the Agon
   step while a second base model (one adapter, weights in private memory)
@@ -207,7 +209,12 @@ def _baseline_tree(ref: str) -> Path:
 
 
 def bench_step(args) -> dict:
-    """Forced Agon and GRPO-2N steps, this tree and the baseline commit's, alternating, each in its own process."""
+    """Forced Agon and GRPO-2N steps, this tree and the baseline commit's, alternating, each in its own process.
+
+    Each process runs ``args.train_steps`` consecutive steps on the same problems for every tree. The headline
+    ratios are of the later steps (``warm``: what a training run repeats); the first step of a process pays
+    one-time costs that the baseline pays more of, so its ratios are kept apart (``*_first_step``).
+    """
     trees = {"current": HERE.parent}
     if args.baseline:
         trees["baseline"] = _baseline_tree(args.baseline)
@@ -215,18 +222,35 @@ def bench_step(args) -> dict:
     for rep in range(args.reps):
         order = [(t, k) for t in trees for k in ("agon", "grpo_2n")]
         for tree, kind in (order if rep % 2 == 0 else order[::-1]):  # alternate which side runs first
-            row = {"tree": tree, "rep": rep, **_step_child(trees[tree], kind, args, "--seed", str(rep))}
+            flags = ("--seed", str(rep * args.train_steps), "--steps", str(args.train_steps))
+            row = {"tree": tree, "rep": rep, **_step_child(trees[tree], kind, args, *flags)}
             runs.append(row)
             print(f"  step {tree} {kind}: {row}", flush=True)
-    keys = ("generation_s", "draft_generation_s", "challenge_generation_s", "update_s", "total_s", "peak_rss_mib")
-    mean = {f"{t}/{k}": {key: round(sum(r[key] for r in runs if (r["tree"], r["kind"]) == (t, k)) / args.reps, 2)
-                         for key in keys} for t in trees for k in ("agon", "grpo_2n")}
-    out = {"max_new_tokens": args.step_tokens, "baseline": args.baseline, "runs": runs, "mean": mean,
+    keys = ("generation_s", "draft_generation_s", "challenge_generation_s", "update_s", "total_s")
+    names = [(t, k) for t in trees for k in ("agon", "grpo_2n")]
+    of = lambda t, k: [r for r in runs if (r["tree"], r["kind"]) == (t, k)]  # noqa: E731
+    avg = lambda xs: round(sum(xs) / len(xs), 2)  # noqa: E731
+    first = {f"{t}/{k}": {**{key: avg([r[key] for r in of(t, k)]) for key in keys},
+                          "peak_rss_mib": avg([r["peak_rss_mib"] for r in of(t, k)])} for t, k in names}
+    warm = {f"{t}/{k}": {key: avg([r["warm"][key] for r in of(t, k)]) for key in keys}
+            for t, k in names} if args.train_steps > 1 else first
+    out = {"max_new_tokens": args.step_tokens, "baseline": args.baseline, "steps_per_process": args.train_steps,
+           "runs": runs, "mean": warm, "first_step": first,
            "update_forwards": {f"{r['tree']}/{r['kind']}": r["update_forwards"] for r in runs if r["rep"] == 0},
-           "agon_grpo_step_ratio": round(mean["current/agon"]["total_s"] / mean["current/grpo_2n"]["total_s"], 3)}
+           "agon_grpo_step_ratio": round(warm["current/agon"]["total_s"] / warm["current/grpo_2n"]["total_s"], 3),
+           "agon_grpo_step_ratio_first_step":
+               round(first["current/agon"]["total_s"] / first["current/grpo_2n"]["total_s"], 3)}
     if args.baseline:
-        out["step_speedup_vs_baseline"] = round(mean["baseline/agon"]["total_s"] / mean["current/agon"]["total_s"], 2)
-        out["update_speedup_vs_baseline"] = round(mean["baseline/agon"]["update_s"] / mean["current/agon"]["update_s"], 2)
+        speedup = lambda means, key: round(means["baseline/agon"][key] / means["current/agon"][key], 2)  # noqa: E731
+        out |= {"step_speedup_vs_baseline": speedup(warm, "total_s"),
+                "update_speedup_vs_baseline": speedup(warm, "update_s"),
+                "step_speedup_vs_baseline_first_step": speedup(first, "total_s"),
+                "update_speedup_vs_baseline_first_step": speedup(first, "update_s")}
+        # Each rep's own ratio (its two processes ran next to each other): the spread the mean hides.
+        out["step_speedup_vs_baseline_per_rep"] = [
+            round(b["warm"]["total_s"] / c["warm"]["total_s"], 2) if args.train_steps > 1 else
+            round(b["total_s"] / c["total_s"], 2)
+            for c, b in zip(of("current", "agon"), of("baseline", "agon"))]
     return out
 
 
@@ -434,8 +458,15 @@ def markdown(results: dict) -> str:
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads at start; "
              "the sections set their own), "
              f"AVX-512: {m['avx512']}, AVX-512 bf16: {m['avx512_bf16']}, AMX: {m.get('amx', '?')}, "
-             f"load average at start {m['load_avg_1m']}.",
-             "", "| key | value |", "|---|---|"]
+             f"load average at start {m['load_avg_1m']}.", ""]
+    measured = results.get("measured_at", {})
+    if len(set(measured.values())) > 1:  # sections from more than one run on this machine: not side by side
+        runs = {}
+        for section, when in measured.items():
+            runs.setdefault(when, []).append(section)
+        lines += ["Sections come from separate runs on this machine; compare figures only within a section: "
+                  + "; ".join(f"{', '.join(names)}: {when}" for when, names in sorted(runs.items())) + ".", ""]
+    lines += ["| key | value |", "|---|---|"]
     for key in ("rollout_speedup", "agon_grpo_step_ratio", "adapter_param_fraction", "peak_rss_ratio",
                 "step_speedup_vs_baseline", "rollout_roofline_fraction", "peak_rss_agon_step_mb", "dtype"):
         lines.append(f"| `{key}` | {results.get(key)} |")
@@ -453,20 +484,24 @@ def markdown(results: dict) -> str:
                      "per token.")
     if "step" in results and "update_forwards" in results["step"]:
         s = results["step"]
-        lines += ["", f"## One forced training step ({s['max_new_tokens']} tokens cap; every row trained; "
-                  "each run in its own process)", "",
-                  "| tree / run | generation s (drafts + challenges) | update s | total s | peak RSS MiB |",
-                  "|---|---|---|---|---|"]
-        for name, p in s["mean"].items():
-            lines.append(f"| {name} | {p['generation_s']} ({p['draft_generation_s']} + {p['challenge_generation_s']}) "
-                         f"| {p['update_s']} | {p['total_s']} | {p['peak_rss_mib']} |")
-        lines.append(f"\nAgon ÷ GRPO-2N (this tree): **{s['agon_grpo_step_ratio']}**")
+        steps = s.get("steps_per_process", 1)
+        lines += ["", f"## Forced training steps ({s['max_new_tokens']} tokens cap; every row trained; "
+                  f"{steps} consecutive steps per process, each its own problems)", ""]
+        tables = [("later steps (what a run repeats)", s["mean"])] if steps > 1 else []
+        tables.append(("first step of a process" if steps > 1 else "one step per process", s.get("first_step", s["mean"])))
+        for title, means in tables:
+            lines += [f"**{title}**", "", "| tree / run | generation s (drafts + challenges) | update s | total s |",
+                      "|---|---|---|---|"]
+            lines += [f"| {name} | {p['generation_s']} ({p['draft_generation_s']} + {p['challenge_generation_s']}) "
+                      f"| {p['update_s']} | {p['total_s']} |" for name, p in means.items()]
+            lines.append("")
+        lines.append(f"Agon ÷ GRPO-2N (this tree): **{s['agon_grpo_step_ratio']}** (first step "
+                     f"{s.get('agon_grpo_step_ratio_first_step', s['agon_grpo_step_ratio'])})")
         if s.get("step_speedup_vs_baseline"):
-            lines.append(f"; Agon step, baseline `{s['baseline']}` ÷ this tree: **{s['step_speedup_vs_baseline']}×** "
-                         f"(update alone {s['update_speedup_vs_baseline']}×)")
-            tail = lines.pop()
-            lines[-1] += tail  # one paragraph
-        lines.append("\n\nForward passes of the model in the update (with gradients / without): "
+            lines[-1] += (f"; Agon step, baseline `{s['baseline']}` ÷ this tree: **{s['step_speedup_vs_baseline']}×** "
+                          f"(per repetition {s.get('step_speedup_vs_baseline_per_rep')}; update alone "
+                          f"{s['update_speedup_vs_baseline']}×; first step {s.get('step_speedup_vs_baseline_first_step')}×)")
+        lines.append("\nForward passes of the model in one step's update (with gradients / without): "
                      + "; ".join(f"{k} {v['with_grad']}/{v['no_grad']}" for k, v in s["update_forwards"].items()))
     if "rss" in results:
         lines += ["", "## Peak RSS (one forced step, own process; mean of the repetitions)", "",
@@ -538,6 +573,9 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: agonlib's, every core but one; the step children: 1)")
     parser.add_argument("--step-tokens", type=int, default=64)
+    parser.add_argument("--train-steps", type=int,
+                        help="consecutive forced steps per process in `step`, the first reported apart (default 3; "
+                             "--quick 2)")
     parser.add_argument("--batches", type=lambda v: tuple(int(x) for x in v.split(",")),
                         help="rollout batch sizes, comma-separated (default 8,32,64; --quick 8,32)")
     parser.add_argument("--reps", type=int, help="repetitions per comparison (default 2; --quick 1)")
@@ -563,6 +601,7 @@ def main(argv=None) -> None:
     args.batches = args.batches or ((8, 32) if args.quick else (8, 32, 64))
     args.new_tokens = 64 if args.quick else 128
     args.reps = args.reps or (1 if args.quick else 2)
+    args.train_steps = args.train_steps or (2 if args.quick else 3)
     args.grading_n = 40 if args.quick else 200
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = sorted(set(only) - set(SECTIONS))
@@ -575,8 +614,8 @@ def main(argv=None) -> None:
         print(f"{OUT_JSON.name} was measured on another machine ({results.get('machine', {}).get('cpu')}): "
               "its sections are dropped, not mixed with this run's.", flush=True)
         results = {}
-    results.update({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": here,
-                    "quick": args.quick})
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    results.update({"date": now, "machine": here, "quick": args.quick})
     runners = {"params": bench_params, "rollout": bench_rollout, "step": bench_step, "rss": bench_rss,
                "threads": bench_threads, "grading": bench_grading, "load": bench_load, "vllm": bench_vllm}
     for section in only:
@@ -584,6 +623,7 @@ def main(argv=None) -> None:
         start = time.perf_counter()
         results[section] = runners[section](args)
         results.setdefault("wall_s", {})[section] = round(time.perf_counter() - start, 1)
+        results.setdefault("measured_at", {})[section] = now  # sections of earlier runs keep their own
         _write(results)  # after every section: a later failure keeps what was measured
     print(f"wrote {OUT_JSON.relative_to(HERE.parent)} and {OUT_MD.relative_to(HERE.parent)}")
 

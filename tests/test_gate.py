@@ -1,12 +1,14 @@
 """The gate (agonlib.gate, DESIGN.md §8): pairs of the untrained adapters, three challenge conditions."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 import agonlib
 from agonlib import gate
 from agonlib.__main__ import main
+from agonlib.models import pick_device, pick_dtype
 
 
 def test_gate_on_the_tiny_model(smoke_policies, tmp_path):
@@ -25,6 +27,27 @@ def test_gate_on_the_tiny_model(smoke_policies, tmp_path):
     cached, rerun = gate.cached_gate(config, path)
     assert not rerun and cached["fingerprint"] == gate.fingerprint(config)
     assert gate.fingerprint(config.replace(challenger_max_new_tokens=6)) != gate.fingerprint(config)
+
+
+def test_gate_fingerprint_names_the_dtype_the_machine_resolves():
+    """``dtype: auto`` is bf16 on one CPU and fp32 on another: a gate measured in one must not stand for the other."""
+    config = agonlib.load_config("cpu")
+    resolved = str(pick_dtype("auto", pick_device(config.device))).removeprefix("torch.")
+    assert gate.fingerprint(config.replace(dtype="auto")) == gate.fingerprint(config.replace(dtype=resolved))
+    assert gate.fingerprint(config.replace(dtype="float32")) != gate.fingerprint(config.replace(dtype="bfloat16"))
+    # one file per dtype: a bf16 machine neither reuses nor overwrites the float32 gate
+    assert gate.gate_path("cpu", "g") == gate.gate_path("cpu", "g", "float32") == Path("g/cpu.json")
+    assert gate.gate_path("cpu", "g", "bfloat16") == Path("g/cpu-bfloat16.json")
+    assert gate.gate_path("cpu", dtype=gate.resolved_dtype(config)) in (gate.GATE_DIR / "cpu.json",
+                                                                        gate.GATE_DIR / "cpu-bfloat16.json")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_committed_gates_match_their_dtype(dtype):
+    """Each committed gate was measured with this commit's prompts and settings in its dtype, and passed."""
+    found = json.loads(gate.gate_path("cpu", dtype=dtype).read_text())
+    config = agonlib.load_config("cpu", dtype=dtype)
+    assert found["fingerprint"] == gate.fingerprint(config) and found["passed"]
 
 
 def _result(**conditions):

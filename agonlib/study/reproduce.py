@@ -44,7 +44,7 @@ import jupytext
 import yaml
 
 from ..config import FIELD_NAMES, RENAMED, REPO_ROOT, ConfigError, load_config, parse_override, renamed_key_error
-from ..gate import cached_gate, format_gate, gate_path
+from ..gate import cached_gate, format_gate, gate_path, resolved_dtype
 from .paths import output_paths
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -313,8 +313,9 @@ def run_gate_step(profile: str, overrides: dict, out_dir=None, say=print) -> dic
     the Agon cells are handicapped and their results must be read that way.
     """
     paths = output_paths(profile, out_dir)
-    path = gate_path(profile, paths.root / "gate" if paths.root else None)
-    result, rerun = cached_gate(load_config(profile, **overrides), path, progress=False)
+    config = load_config(profile, **overrides)
+    path = gate_path(profile, paths.root / "gate" if paths.root else None, resolved_dtype(config))
+    result, rerun = cached_gate(config, path, progress=False)
     say(("Gate measured now" if rerun else "Gate reused") + f" ({path}):\n" + format_gate(result))
     if not result["passed"]:
         bar = "!" * 96

@@ -21,9 +21,9 @@ from pathlib import Path
 from . import prompts
 from .config import ConfigError, load_config, parse_override
 from .evaluation import evaluate
-from .gate import format_gate, gate_path, resolved_dtype, run_gate, write_gate
+from .gate import format_gate, gate_path, run_gate, write_gate
 from .generation import generate, sample_seed
-from .models import AssetError, load_policies
+from .models import AssetError, load_policies, resolved_dtype
 from .runs import CheckpointError, latest_adapters, load_run_config
 from .study.pipeline import show_round
 from .study.pipeline import text_block as _block

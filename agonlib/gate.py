@@ -34,7 +34,7 @@ from .agon import grade, leaks
 from .config import REPO_ROOT, Config
 from .data import problems_for
 from .generation import SamplingParams, generate, sample_seed
-from .models import load_policies, pick_device, pick_dtype
+from .models import load_policies, resolved_dtype
 
 GATE_DIR = REPO_ROOT / "experiments" / "gate"
 CONDITIONS = ("competitive", "cooperative", "no_exchange")
@@ -44,11 +44,6 @@ FINGERPRINT_KEYS = ("model", "dtype", "thinking", "task", "dataset", "levels", "
                     "seed", "temperature", "top_p", "top_k", "max_new_tokens", "challenger_max_new_tokens",
                     "max_prompt_tokens", "stop_at_answer", "num_generations", "gate_problems", "lora_r",
                     "lora_alpha", "lora_targets", "b_init_std", "tiny_hidden_size", "tiny_layers")
-
-
-def resolved_dtype(config: Config) -> str:
-    """The dtype ``config.dtype`` resolves to on this machine (``auto``: bf16 on a CPU with AMX, fp32 on one without)."""
-    return str(pick_dtype(config.dtype, pick_device(config.device))).removeprefix("torch.")
 
 
 def fingerprint(config: Config) -> str:

@@ -128,6 +128,11 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if cpu_bf16 else torch.float32
 
 
+def resolved_dtype(config: Config) -> str:
+    """The name of the dtype ``config.dtype`` resolves to on this machine (``auto``: bf16 on a CPU with AMX)."""
+    return str(pick_dtype(config.dtype, pick_device(config.device))).removeprefix("torch.")
+
+
 # --- loading the base for vLLM rollouts (Unsloth's shared engine) ---------------------------
 
 # Config keys proposed for agonlib.config.Config in issue 8, with the defaults that keep

@@ -15,7 +15,7 @@ peak resident memory (``VmHWM``, this process only).
 the roles rotating, as a training run does. The first step of a process pays one-time costs (oneDNN's kernels
 for new shapes, the allocator's first pages): 24 s against 19 s for the next ones on the AMX Xeon in bf16, and
 52 s against 32–39 s at the baseline commit. The top-level keys are the first step's; ``warm`` averages the
-later ones, the steps a run repeats.
+later ones, the steps a run repeats (the one step itself when K is 1).
 """
 
 from __future__ import annotations
@@ -83,9 +83,9 @@ def main() -> None:
     for i in range(args.steps):
         step = args.seed + i
         steps.append(one_step(policies, train[step * P: (step + 1) * P], step, cfg, update_cfg, forwards))
-    first, later = steps[0], steps[1:]
+    first, later = steps[0], steps[1:] or steps
     warm = {key: round(sum(s[key] for s in later) / len(later), 2)
-            for key in ("generation_s", "draft_generation_s", "challenge_generation_s", "update_s", "total_s")} if later else {}
+            for key in ("generation_s", "draft_generation_s", "challenge_generation_s", "update_s", "total_s")}
     print(json.dumps({
         "kind": args.kind, "uncapped": args.uncapped, "second_base": args.second_base, **first,
         "dtype": str(policies.dtype).removeprefix("torch."), "after_load_rss_mib": round(after_load, 1),

@@ -43,7 +43,7 @@ from ..agon import play_round
 from ..config import Config, ConfigError, load_config
 from ..data import problems_for
 from ..evaluation import default_systems, evaluate
-from ..models import load_policies, pick_device, pick_dtype, usable_cores, use_unsloth
+from ..models import load_policies, pick_device, resolved_dtype, usable_cores, use_unsloth
 from ..runs import last_checkpoint_step, last_logged_step, latest_adapters, load_run_config, read_jsonl, recorded_config
 from ..trainer import Trainer, train
 from .paths import output_paths
@@ -364,7 +364,7 @@ def environment(config: Config) -> dict:
         "model": config.model,
         "device": str(device),
         "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-        "dtype": str(pick_dtype(config.dtype, device)).replace("torch.", ""),
+        "dtype": resolved_dtype(config),
         "model_loader": "unsloth" if use_unsloth(config, device) else "transformers",
         "torch threads": torch.get_num_threads(),
         "cpu cores": os.cpu_count(),

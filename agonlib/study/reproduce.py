@@ -44,7 +44,8 @@ import jupytext
 import yaml
 
 from ..config import FIELD_NAMES, RENAMED, REPO_ROOT, ConfigError, load_config, parse_override, renamed_key_error
-from ..gate import cached_gate, format_gate, gate_path, resolved_dtype
+from ..gate import cached_gate, format_gate, gate_path
+from ..models import resolved_dtype
 from .paths import output_paths
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"

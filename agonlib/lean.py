@@ -8,10 +8,13 @@ as two autograd ops, keeps ``gate``, ``silu(gate)`` and ``up``; one function tha
 autograd runs for the two ops, so values and gradients are the same bit for bit (``tests/test_lean.py``),
 and a run trained with it is the run trained without it.
 
-Tried and left out (``benchmarks/NOTES.md``): grouped-query attention without repeating keys and values
-(SDPA's ``enable_gqa`` with a mask) keeps a third of the keys and values, but its gradients differ in
-float rounding, which flipped one sampled token by step 7 of a 30-step run: the committed results would
-no longer regenerate bit for bit.
+Attention keeps its inputs and nothing else (:class:`_Recomputed`): ``transformers`` repeats each key and
+value head for the query heads that share it, and SDPA keeps those repeated copies, three times the keys
+and values, for its backward pass. The backward pass now runs the same repeat and the same SDPA forward
+again on the kept inputs and differentiates that: the same kernels on the same values, so the gradients
+are the same bit for bit, for a second attention forward. (Tried before and left out: SDPA's ``enable_gqa``
+with a mask keeps no copies either, but its gradients differ in float rounding, which flipped one sampled
+token by step 7 of a 30-step run: the committed results would no longer regenerate bit for bit.)
 
 In bf16 (``dtype: auto`` on a CPU with AVX512-BF16 or AMX) :func:`install` also runs the adapters in bf16
 under autocast, their fp32 weights staying the master copies the optimizer updates. PEFT would otherwise
@@ -20,6 +23,9 @@ backward pass: seven copies per layer, more than half of what a bf16 update keep
 Under autocast the adapter reads the bf16 input the base layer already keeps. Not bit-identical to the fp32
 adapter path: ``A`` and ``B`` are rounded to bf16 in the forward pass, as the rollouts' merged weights
 (``agonlib.generation.fast``) already were.
+
+In bf16 the RMSNorms keep their bf16 input instead of its float32 upcast (they normalise in float32), again
+by running the norm again in the backward pass (:class:`_Recomputed`): half the bytes, the same gradients.
 
 In bf16 the LM head also gets its input in one block. ``transformers`` hands it ``hidden[:, -k:]``
 (``logits_to_keep``), a view ``torch.matmul`` cannot fold into one matrix product while it needs a gradient: it
@@ -31,7 +37,9 @@ no longer regenerate bit for bit: left as it is there.
 And one for the allocator: :func:`release_free_memory` hands glibc's free heap pages back to the system.
 A forward pass leaves its temporaries' pages free between the activations it keeps; glibc keeps them
 resident, and the backward pass's peak stacks on top (``benchmarks/NOTES.md``). The update calls it
-between a micro-batch's forward and backward passes.
+between a micro-batch's forward and backward passes, and :func:`install` after each decoder layer of a
+forward pass that keeps activations: there, at the end of the forward, glibc held ~660 MB of such pages,
+the step's peak.
 """
 
 from __future__ import annotations
@@ -43,8 +51,13 @@ import types
 
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-__all__ = ["bf16_adapters", "install", "installed", "release_free_memory"]
+__all__ = ["LEAN_SDPA", "bf16_adapters", "install", "installed", "release_free_memory"]
+
+LEAN_SDPA = "agon_lean_sdpa"  # transformers' SDPA attention, keeping only its inputs for the backward pass
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -60,6 +73,60 @@ class _SwiGLU(torch.autograd.Function):
         gate, up = ctx.saved_tensors
         # The kernels autograd runs for the two ops: the same gradients, bit for bit.
         return torch.ops.aten.silu_backward(grad * up, gate), grad * F.silu(gate)
+
+
+class _Recomputed(torch.autograd.Function):
+    """``fn(*tensors)``, keeping only ``tensors`` for the backward pass, which runs ``fn`` again and differentiates it.
+
+    The second run is the first one's kernels on the same values (under the same autocast state), so the
+    gradients are those autograd would have given from what ``fn`` saved, bit for bit (``tests/test_lean.py``).
+    ``fn`` returns one tensor and draws no random numbers.
+    """
+
+    @staticmethod
+    def forward(ctx, fn, *tensors):
+        ctx.fn, ctx.autocast = fn, (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
+        ctx.save_for_backward(*tensors)
+        return fn(*tensors)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        inputs = [t if t is None else t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
+        wanted = [t for t in inputs if t is not None and t.requires_grad]
+        enabled, dtype = ctx.autocast
+        with torch.enable_grad(), torch.autocast("cpu", dtype=dtype, enabled=enabled):
+            out = ctx.fn(*inputs)
+        grads = iter(torch.autograd.grad(out, wanted, grad))
+        return (None, *(next(grads) if t is not None and t.requires_grad else None for t in inputs))
+
+
+def _recomputed(fn, *tensors) -> torch.Tensor:
+    """``fn(*tensors)``; while a gradient is wanted, through :class:`_Recomputed`."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return _Recomputed.apply(fn, *tensors)
+    return fn(*tensors)
+
+
+def _lean_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """``transformers``' SDPA attention (the same call), keeping ``query``, ``key``, ``value`` and the mask only."""
+    def attend(q, k, v, mask):
+        return sdpa_attention_forward(module, q, k, v, mask, **kwargs)[0]
+
+    return _recomputed(attend, query, key, value, attention_mask), None
+
+
+AttentionInterface.register(LEAN_SDPA, _lean_sdpa)
+AttentionMaskInterface.register(LEAN_SDPA, sdpa_mask)  # the masks SDPA gets
+
+
+def _norm_forward(self, x):
+    return _recomputed(functools.partial(type(self).forward, self), x)
+
+
+def _release_after_layer(module, args, output) -> None:
+    """A decoder layer's forward hook: its temporaries' pages back to the system while activations are kept."""
+    if torch.is_grad_enabled():
+        release_free_memory()
 
 
 def _swiglu_forward(self, x):
@@ -102,12 +169,20 @@ def installed(model) -> bool:
     return any(_runs(m, _swiglu_forward) for m in model.modules())
 
 
+def _norms(inner) -> list:
+    """The RMSNorms of a ``transformers`` model whose weight is frozen (the adapters train, the norms do not)."""
+    return [m for m in inner.modules() if type(m).__name__.endswith("RMSNorm")
+            and not any(p.requires_grad for p in m.parameters())]
+
+
 def install(model) -> bool:
     """Make a CPU model's training forward lean (the module docstring); returns whether its MLPs were switched.
 
-    Its SwiGLU MLPs run :class:`_SwiGLU`; in bf16 its adapters also run under autocast and its LM head gets
-    its input in one block. Left alone: a model off the CPU (a GPU keeps its own kernels, Unsloth's among them) and
-    MLPs that are not ``down(silu(gate(x)) * up(x))``.
+    Its SwiGLU MLPs run :class:`_SwiGLU`, its SDPA attention :data:`LEAN_SDPA`, and its decoder layers release
+    free heap pages after their forward while a gradient is wanted; in bf16 its RMSNorms keep
+    their bf16 input, its adapters run under autocast and its LM head gets its input in one block. Left alone:
+    a model off the CPU (a GPU keeps its own kernels, Unsloth's among them) and MLPs that are not
+    ``down(silu(gate(x)) * up(x))``.
     """
     inner = _inner(model)
     weight = next(inner.parameters())
@@ -116,8 +191,15 @@ def install(model) -> bool:
     mlps = [m for m in inner.modules() if all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))]
     for module in mlps:
         module.forward = types.MethodType(_swiglu_forward, module)
+    if getattr(inner.config, "_attn_implementation", None) == "sdpa":
+        inner.set_attn_implementation(LEAN_SDPA)
+    for layer in (m for m in inner.modules() if type(m).__name__.endswith("DecoderLayer")):
+        if getattr(layer, "_agon_release", None) is None:  # once
+            layer._agon_release = layer.register_forward_hook(_release_after_layer)  # the hook's handle
     if weight.dtype != torch.bfloat16:
         return bool(mlps)
+    for module in _norms(inner):
+        module.forward = types.MethodType(_norm_forward, module)
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if head is not None and getattr(head, "_agon_contiguous_input", None) is None:  # once
         head._agon_contiguous_input = head.register_forward_pre_hook(_contiguous_input)  # the hook's handle

@@ -20,12 +20,16 @@ from agonlib.lean import _SwiGLU
 
 
 @contextlib.contextmanager
-def _transformers_forward(model):
-    """``model`` with ``transformers``' MLP forward, as before :func:`lean.install`."""
+def _transformers_forward(model, mlps_only: bool = False):
+    """``model`` with ``transformers``' MLP, attention and norm forwards (or MLPs only), as before :func:`lean.install`."""
+    inner = model.get_base_model()
     mlps = [m for m in model.modules() if "forward" in vars(m) and hasattr(m, "gate_proj")]
-    assert mlps
-    for m in mlps:
+    norms = [m for m in lean._norms(inner) if "forward" in vars(m)]
+    assert mlps and inner.config._attn_implementation == lean.LEAN_SDPA
+    for m in mlps if mlps_only else mlps + norms:
         del m.forward  # the class's forward again
+    if not mlps_only:
+        inner.set_attn_implementation("sdpa")
     try:
         yield
     finally:
@@ -73,14 +77,21 @@ def _check(policies):
     with _transformers_forward(model):
         assert not lean.installed(model)
         logp, grads, saved = run()
+    with _transformers_forward(model, mlps_only=True):
+        _, _, mlp_saved = run()
     assert torch.equal(lean_logp, logp)
     assert any(g.abs().sum() > 0 for g in grads)
     for a, b in zip(lean_grads, grads):  # bit for bit: a run trained with it is the run trained without it
         assert torch.equal(a, b), (a - b).norm() / b.norm()
-    # The point of it: one (tokens, intermediate) tensor fewer per layer kept for the backward pass, silu(gate).
+    # The point of it: one (tokens, intermediate) tensor fewer per layer kept for the backward pass, silu(gate),
     cfg = model.get_base_model().config
     per_token = cfg.num_hidden_layers * cfg.intermediate_size * 4  # bytes, fp32
-    assert saved > lean_saved and (saved - lean_saved) % per_token == 0, (saved, lean_saved, per_token)
+    assert mlp_saved > lean_saved, (mlp_saved, lean_saved)
+    if policies.dtype == torch.float32:  # (in bf16 autocast keeps other copies beside it)
+        assert (mlp_saved - lean_saved) % per_token == 0, (mlp_saved, lean_saved, per_token)
+    # and attention keeping its inputs instead of the repeated keys and values, the bf16 norms their bf16 input
+    # (the unit tests below count both).
+    assert saved > mlp_saved, (saved, mlp_saved)
 
 
 def test_lean_forward_equals_transformers_and_keeps_less(smoke_policies_scratch):
@@ -92,11 +103,82 @@ def test_lean_forward_on_smollm2(smol_policies_scratch):
     _check(smol_policies_scratch)
 
 
+def test_lean_forward_in_bf16_equals_transformers():
+    # bf16 (dtype: auto on CPUs with AVX512-BF16/AMX): the norms keep their bf16 input too, still bit for bit.
+    from agonlib import load_config, load_policies
+
+    _check(load_policies(load_config("smoke", device="cpu", dtype="bfloat16")))
+
+
 def test_swiglu_gradient_is_exact():
     gen = torch.Generator().manual_seed(0)
     gate, up = (torch.randn(3, 5, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(2))
     assert torch.autograd.gradcheck(_SwiGLU.apply, (gate, up))
     assert torch.equal(_SwiGLU.apply(gate, up), torch.nn.functional.silu(gate) * up)
+
+
+def _saved_storages(fn) -> tuple[torch.Tensor, int]:
+    """``fn()``'s result and the bytes of the distinct storages autograd keeps for its backward pass."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(storages.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_sdpa_is_transformers_sdpa_keeping_its_inputs_only(dtype):
+    # 2 rows, 6 query heads sharing 2 key/value heads, 5 new tokens after 4 cached ones, left padding in row 0.
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    gen = torch.Generator().manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    q = torch.randn(2, 6, 5, 8, generator=gen).to(dtype)
+    k, v = (torch.randn(2, 2, 9, 8, generator=gen).to(dtype) for _ in range(2))
+    mask = torch.ones(2, 1, 5, 9, dtype=torch.bool).tril(diagonal=4)
+    mask[0, :, :, :2] = False
+    grad = torch.randn(2, 5, 6, 8, generator=gen).to(dtype)
+
+    def run(attention):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, saved = _saved_storages(lambda: attention(module, *leaves, mask, scaling=0.3, dropout=0.0)[0])
+        out.backward(grad)
+        return out, [t.grad for t in leaves], saved
+
+    out, grads, saved = run(sdpa_attention_forward)
+    lean_out, lean_grads, lean_saved = run(lean._lean_sdpa)
+    assert torch.equal(lean_out, out)
+    for a, b in zip(lean_grads, grads):
+        assert torch.equal(a, b)
+    q_bytes, kv_bytes = q.nbytes, k.nbytes + v.nbytes
+    assert lean_saved == q_bytes + kv_bytes + mask.nbytes  # its inputs, nothing more
+    assert saved >= q_bytes + 3 * kv_bytes  # SDPA keeps the keys and values repeated per query head
+
+
+def test_lean_norm_keeps_its_bf16_input_and_differentiates_alike():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(16).to(torch.bfloat16).requires_grad_(False)
+    norm.weight.copy_(torch.linspace(0.5, 1.5, 16))
+    x = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    grad = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+
+    def run(forward):
+        leaf = x.clone().requires_grad_()
+        out, saved = _saved_storages(lambda: forward(leaf))
+        out.backward(grad)
+        return out, leaf.grad, saved
+
+    out, dx, saved = run(norm)
+    lean_out, lean_dx, lean_saved = run(lambda t: lean._norm_forward(norm, t))
+    assert torch.equal(lean_out, out) and torch.equal(lean_dx, dx)
+    assert lean_saved == x.numel() * 2  # the bf16 input
+    assert saved >= x.numel() * 4  # its float32 upcast
 
 
 def test_install_leaves_a_model_it_does_not_know_alone(smoke_policies):
@@ -193,3 +275,16 @@ def _plain_head(head):
         yield
     finally:
         head._agon_contiguous_input = head.register_forward_pre_hook(lean._contiguous_input)
+
+
+def test_decoder_layers_release_free_pages_only_while_activations_are_kept(smoke_policies, monkeypatch):
+    calls = []
+    monkeypatch.setattr(lean, "release_free_memory", lambda device="cpu": calls.append(device) or True)
+    model = smoke_policies.model
+    ids = torch.tensor([[1, 2, 3, 4]])
+    layers = model.get_base_model().config.num_hidden_layers
+    with torch.no_grad():
+        model(input_ids=ids)
+    assert calls == []  # rollouts and no-grad log-probs keep nothing: no trimming
+    model(input_ids=ids)
+    assert len(calls) == layers  # once after each decoder layer

@@ -112,6 +112,49 @@ def test_a_gradient_through_the_prefix_is_not_lost(smoke_policies_scratch):
     assert any(not _close(a, b, 1e-3) for a, b in zip(cut, full))
 
 
+class _KeptGraphPrefix(PrefixRun):
+    """The prefix as it ran before: the first forward's graph kept until :meth:`backward`."""
+
+    def __init__(self, model, ids):
+        super().__init__(model, ids)
+        self._outputs = self._run()  # with the graph
+        self._leaves = [t.detach().float().requires_grad_(t.requires_grad) for t in self._outputs]
+
+    def backward(self):
+        pairs = [(o, leaf.grad.to(o.dtype)) for o, leaf in zip(self._outputs, self._leaves) if leaf.grad is not None]
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_prefix_run_again_for_its_backward_gives_the_kept_graph_s_gradient(dtype, monkeypatch):
+    # The prefix's activations are not held while its rows run: bit for bit the gradient a kept graph gives.
+    from agonlib import load_config, load_policies
+
+    policies = load_policies(load_config("smoke", device="cpu", dtype=dtype))
+    with torch.no_grad():
+        for p in policies.params("A"):
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    batch = build_batch(_rollouts(policies.tokenizer.vocab_size), torch.linspace(-1.5, 1.2, 9),
+                        policies.tokenizer.pad_token_id, "cpu", share_prefix=True)
+    cfg = UpdateConfig(max_grad_norm=None, micro_batch_size=2)
+    again = _grads(policies, batch, cfg)
+    monkeypatch.setattr("agonlib.grpo.PrefixRun", _KeptGraphPrefix)
+    kept = _grads(policies, batch, cfg)
+    assert any(g.abs().sum() > 0 for g in kept)
+    for a, b in zip(again, kept):
+        assert torch.equal(a, b), (a - b).norm() / b.norm()
+
+
+def test_the_prefix_s_backward_runs_under_its_own_adapter(smoke_policies_scratch):
+    policies = smoke_policies_scratch
+    ids = torch.tensor([5, 6, 7, 8])
+    with policies.use("A"):
+        prefix = PrefixRun(policies.model, ids)
+        sum(leaf.sum() for leaf in prefix._leaves).backward()
+    with policies.use("B"), pytest.raises(RuntimeError, match="under adapter 'B'; its forward ran under 'A'"):
+        prefix.backward()
+
+
 def test_rows_are_grouped_by_their_shared_prompt(smoke_policies):
     rollouts = _rollouts(smoke_policies.tokenizer.vocab_size)
     batch = build_batch(rollouts, torch.ones(len(rollouts)), 0, "cpu", share_prefix=True)

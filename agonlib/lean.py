@@ -37,9 +37,11 @@ no longer regenerate bit for bit: left as it is there.
 And one for the allocator: :func:`release_free_memory` hands glibc's free heap pages back to the system.
 A forward pass leaves its temporaries' pages free between the activations it keeps; glibc keeps them
 resident, and the backward pass's peak stacks on top (``benchmarks/NOTES.md``). The update calls it
-between a micro-batch's forward and backward passes, and :func:`install` after each decoder layer of a
-forward pass that keeps activations: there, at the end of the forward, glibc held ~660 MB of such pages,
-the step's peak.
+between a micro-batch's forward and backward passes, and :func:`install` after every
+:data:`RELEASE_EVERY`-th decoder layer (and the last) of a forward pass that keeps activations: there, at
+the end of the forward, glibc held ~660 MB of such pages, the step's peak. Not after every layer: pages
+handed back are faulted in again by the next layer's temporaries, and trimming after each of SmolLM2's 30
+layers made the update ~3% slower than every fourth for ~25 MiB less peak (``benchmarks/NOTES.md``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 __all__ = ["LEAN_SDPA", "bf16_adapters", "install", "installed", "release_free_memory"]
 
 LEAN_SDPA = "agon_lean_sdpa"  # transformers' SDPA attention, keeping only its inputs for the backward pass
+RELEASE_EVERY = 4  # decoder layers between two hand-backs of free heap pages in a training forward
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -178,9 +181,10 @@ def _norms(inner) -> list:
 def install(model) -> bool:
     """Make a CPU model's training forward lean (the module docstring); returns whether its MLPs were switched.
 
-    Its SwiGLU MLPs run :class:`_SwiGLU`, its SDPA attention :data:`LEAN_SDPA`, and its decoder layers release
-    free heap pages after their forward while a gradient is wanted; in bf16 its RMSNorms keep
-    their bf16 input, its adapters run under autocast and its LM head gets its input in one block. Left alone:
+    Its SwiGLU MLPs run :class:`_SwiGLU`, its SDPA attention :data:`LEAN_SDPA`, and every
+    :data:`RELEASE_EVERY`-th decoder layer (and the last) releases free heap pages after its forward while a
+    gradient is wanted; in bf16 its RMSNorms keep their bf16 input, its adapters run under autocast and its
+    LM head gets its input in one block. Left alone:
     a model off the CPU (a GPU keeps its own kernels, Unsloth's among them) and MLPs that are not
     ``down(silu(gate(x)) * up(x))``.
     """
@@ -193,8 +197,10 @@ def install(model) -> bool:
         module.forward = types.MethodType(_swiglu_forward, module)
     if getattr(inner.config, "_attn_implementation", None) == "sdpa":
         inner.set_attn_implementation(LEAN_SDPA)
-    for layer in (m for m in inner.modules() if type(m).__name__.endswith("DecoderLayer")):
-        if getattr(layer, "_agon_release", None) is None:  # once
+    layers = [m for m in inner.modules() if type(m).__name__.endswith("DecoderLayer")]
+    for i, layer in enumerate(layers):
+        releases = i % RELEASE_EVERY == RELEASE_EVERY - 1 or i == len(layers) - 1
+        if releases and getattr(layer, "_agon_release", None) is None:  # once
             layer._agon_release = layer.register_forward_hook(_release_after_layer)  # the hook's handle
     if weight.dtype != torch.bfloat16:
         return bool(mlps)

@@ -12,6 +12,7 @@ import contextlib
 
 import pytest
 import torch
+import transformers
 from test_shared_prefix import _grads, _rollouts
 
 from agonlib import lean
@@ -287,4 +288,19 @@ def test_decoder_layers_release_free_pages_only_while_activations_are_kept(smoke
         model(input_ids=ids)
     assert calls == []  # rollouts and no-grad log-probs keep nothing: no trimming
     model(input_ids=ids)
-    assert len(calls) == layers  # once after each decoder layer
+    # after every RELEASE_EVERY-th decoder layer and the last
+    assert len(calls) == len({i for i in range(layers) if (i + 1) % lean.RELEASE_EVERY == 0} | {layers - 1})
+
+
+def test_release_every_fourth_decoder_layer_and_the_last(monkeypatch):
+    config = transformers.Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=17,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    model = transformers.Qwen3ForCausalLM(config)
+    model.config._attn_implementation = "sdpa"
+    calls = []
+    monkeypatch.setattr(lean, "release_free_memory", lambda device="cpu": calls.append(device) or True)
+    lean.install(model)
+    hooked = [i for i, layer in enumerate(model.model.layers) if getattr(layer, "_agon_release", None) is not None]
+    assert hooked == [3, 7, 11, 15, 16]
+    model(input_ids=torch.tensor([[1, 2, 3]]))
+    assert len(calls) == 5

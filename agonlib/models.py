@@ -204,7 +204,9 @@ def _load_gguf(path: Path, dtype: torch.dtype):
         tmp.rename(cached)  # atomic: a killed first load never leaves a half cache
     except OSError:  # another process finished first: its copy holds the same weights
         shutil.rmtree(tmp, ignore_errors=True)
-    return model.to(dtype), tokenizer
+    # Read back as every later load does: ``model.to(bf16)`` would also round the rotary frequencies, which
+    # ``from_pretrained`` keeps in float32, and the first run on a machine would sample unlike every other.
+    return AutoModelForCausalLM.from_pretrained(cached, dtype=dtype), tokenizer
 
 
 def tiny_qwen3_config(vocab_size: int, hidden_size: int = 64, layers: int = 2):

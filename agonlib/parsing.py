@@ -206,6 +206,22 @@ def fallback_answer(text: str) -> str | None:
     return numbers[-1] if numbers else None
 
 
+_WHOLE_NUMBER = re.compile(r"(?<![\w.])" + _NUMBER.pattern + r"(?![\w]|\.\d)")
+
+
+def mask_derived_numbers(summary: str, question: str) -> str:
+    """Mask every whole-token number of ``summary`` that ``question`` does not state (``summary_mask: derived``).
+
+    What is left is the draft's method over the question's own numbers: a wrong draft that reached the
+    gold on the way (``10 - 4 = 6 … 10 + 6 = 16``) can no longer hand it to the challenger.
+
+    >>> mask_derived_numbers("She has 10 - 4 = 6, then 6 + 10 = 16 pens.", "Nora has 10 pens and uses 4.")
+    'She has 10 - 4 = […], then […] + 10 = […] pens.'
+    """
+    stated = {n.lstrip("-") for n in _NUMBER.findall(question)}
+    return _WHOLE_NUMBER.sub(lambda m: m.group() if m.group().lstrip("-") in stated else MASK, summary)
+
+
 def _tidy(text: str) -> str:
     lines = [line.rstrip() for line in text.strip().splitlines()]
     out: list[str] = []

@@ -3,13 +3,14 @@
 ``draft_prompt`` poses the problem. ``challenge_prompt`` shows the drafter's
 masked summary as a rival's attempt (competitive reward) or a teammate's
 (cooperative reward), then the instruction, then the problem; without exchange
-the challenger simply gets ``draft_prompt``. Prompts are chat messages; :func:`render` applies the model's
-chat template (Qwen3's ``enable_thinking`` switch included).
+the challenger simply gets ``draft_prompt``. ``challenge_summary`` is the summary it reads (with
+``summary_mask: derived``, only the question's own numbers left). Prompts are chat messages; :func:`render`
+applies the model's chat template (Qwen3's ``enable_thinking`` switch included).
 """
 
 from __future__ import annotations
 
-from .parsing import MASK
+from .parsing import MASK, mask_derived_numbers
 
 MATH_SYSTEM = (
     "You are a careful math solver. Solve the problem step by step and end with "
@@ -86,6 +87,14 @@ MOA_INTRO = (
     "their final answers, are below. Some may be wrong. Compare them, decide which "
     "reasoning is right, and give the final answer yourself."
 )
+
+
+def challenge_summary(summary: str, question: str, config) -> str:
+    """What the challenger reads of a draft: its ``summary`` (DESIGN.md §2 step 3), and with ``summary_mask:
+    derived`` (math) every number ``question`` does not state masked too (:func:`~agonlib.parsing.mask_derived_numbers`)."""
+    if config.summary_mask == "derived" and config.task == "math":
+        return mask_derived_numbers(summary, question)
+    return summary
 
 
 def moa_prompt(question: str, proposals: list[str], task: str = "math") -> list[dict]:

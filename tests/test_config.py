@@ -201,6 +201,7 @@ BAD_VALUES = [
     ({"roles": "rotating"}, ["roles='rotating'", "rotate, fixed"]),
     ({"reward": "comp"}, ["competitive, cooperative"]),
     ({"loss_type": "ppo"}, ["grpo, bnpo, dr_grpo, dapo"]),
+    ({"summary_mask": "numbers"}, ["summary_mask='numbers'", "answer, derived"]),
     # epsilon must be a clip range in (0, 1)
     ({"epsilon": 2}, ["epsilon", "(0, 1)"]),
     ({"epsilon": 0}, ["epsilon", "(0, 1)"]),

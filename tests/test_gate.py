@@ -27,6 +27,7 @@ def test_gate_on_the_tiny_model(smoke_policies, tmp_path):
     cached, rerun = gate.cached_gate(config, path)
     assert not rerun and cached["fingerprint"] == gate.fingerprint(config)
     assert gate.fingerprint(config.replace(challenger_max_new_tokens=6)) != gate.fingerprint(config)
+    assert gate.fingerprint(config.replace(summary_mask="derived")) != gate.fingerprint(config)
 
 
 def test_gate_fingerprint_names_the_dtype_the_machine_resolves():

@@ -427,6 +427,23 @@ def test_smollm2_gguf_loads_and_completes(smol_policies):
 
 
 @pytest.mark.slow
+def test_first_gguf_load_equals_the_cached_loads(tmp_path, monkeypatch):
+    """The load that dequantises and caches the GGUF returns the model every later load reads: in bf16 the
+    first one used to cast the rotary frequencies to bf16 too, and sampled unlike every later run."""
+    from agonlib import models
+
+    monkeypatch.setenv("AGON_CACHE", str(tmp_path))
+    first, _ = models._load_gguf(models.smollm2_gguf_path(), torch.bfloat16)
+    later, _ = models._load_gguf(models.smollm2_gguf_path(), torch.bfloat16)
+    for name, kind in (("parameters", "named_parameters"), ("buffers", "named_buffers")):
+        a, b = dict(getattr(first, kind)()), dict(getattr(later, kind)())
+        assert a.keys() == b.keys() and a, name
+        for key, tensor in a.items():
+            assert tensor.dtype == b[key].dtype and torch.equal(tensor, b[key]), key
+    assert dict(first.named_buffers())["model.rotary_emb.inv_freq"].dtype == torch.float32
+
+
+@pytest.mark.slow
 def test_smollm2_memory_report_matches_its_shape(smol_policies):
     report = smol_policies.memory_report()
     print(f"\nSmolLM2 (GGUF-loaded): {report}")

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from agonlib import extract_summary, split_completion
-from agonlib.parsing import MASK, last_boxed, mask_answer
+from agonlib.parsing import MASK, last_boxed, mask_answer, mask_derived_numbers
 
 M = MASK  # "[…]"
 
@@ -136,6 +136,29 @@ def test_unboxed_drafts_do_not_leak(draft, summary):
     think, got, answer = split_completion(draft, thinking=False)
     assert answer == last_boxed(draft)  # grading still needs a complete box
     assert got == summary
+
+
+# ``summary_mask: derived``: wrong SmolLM2-135M drafts of the gate (2026-12-06) that reached the gold on
+# the way; the answer mask alone leaves the gold (6, 8) in their summaries, this one does not.
+DERIVED = [
+    # (question, summary after the answer mask, summary the challenger reads)
+    ("Nora has 10 pencils. Nora uses 4 pencils for a school project. How many pencils does Nora have at the end?",
+     f"she has 10 - 4 = 6 pencils remaining at the end. So, Nora has 10 + 6 = {M} pencils.",
+     f"she has 10 - 4 = {M} pencils remaining at the end. So, Nora has 10 + {M} = {M} pencils."),
+    ("Kwame has 3 marbles. Later he gets 5 more marbles. How many marbles does Kwame have at the end?",
+     f"we know that 3 + 5 = 8 marbles. So Kwame had 3 - 5 = {M} marble left.",
+     f"we know that 3 + 5 = {M} marbles. So Kwame had 3 - 5 = {M} marble left."),
+    # the question's numbers stay, signed or not; decimals, fractions and numbers glued to words as whole tokens
+    ("Ann has 2.5 kg and 12 bags.", "2.5 + 12 = 14.5 kg, -12 is 1/2 of 3x and 12th",
+     f"2.5 + 12 = {M} kg, -12 is {M} of 3x and 12th"),
+    # nothing derived: unchanged
+    ("Tom has 6 cards and gives 2 away.", "Tom gives away 2 of his 6 cards.", "Tom gives away 2 of his 6 cards."),
+]
+
+
+@pytest.mark.parametrize("question,summary,masked", DERIVED)
+def test_mask_derived_numbers_keeps_only_the_questions_numbers(question, summary, masked):
+    assert mask_derived_numbers(summary, question) == masked
 
 
 def test_unclosed_box_after_think_is_stripped():

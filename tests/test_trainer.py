@@ -271,6 +271,21 @@ def test_game_masks_boxed_drafts_and_pays_the_length_tiebreak(tiny, monkeypatch,
     assert rnd.metrics()["challenger/tiebreak_rate"] == 1.0
 
 
+def test_game_with_derived_mask_hides_the_gold_a_wrong_draft_reached(tiny, monkeypatch, tmp_path):
+    problems = [{"id": 0, "question": "Nora has 10 pens and uses 4. How many are left?", "answer": "6"}]
+    draft = "She has 10 - 4 = 6 pens left. So she has 10 + 6 = 16 pens.\n\\boxed{16}"  # wrong, the gold on the way
+    monkeypatch.setattr(agon, "grade", lambda rollouts, probs, config: [int(r.answer == "6") for r in rollouts])
+    shown = {}
+    for mask in ("answer", "derived"):
+        backend = BoxedBackend(draft, "\\boxed{6}")
+        rnd = agon.play_round(tiny, problems, 1, _cfg(tmp_path, summary_mask=mask), progress=False, backend=backend)
+        turns = [t.rsplit("A rival tried this problem.", 1)[1] for t in backend.calls[1]["prompts"]]
+        assert all(rnd.summaries[i] in turn for i, turn in enumerate(turns))  # the challenger read the summary
+        shown[mask] = (rnd.summaries[0], rnd.leaked)
+    assert shown["answer"] == ("She has 10 - 4 = 6 pens left. So she has 10 + 6 = […] pens.", [True] * 4)
+    assert shown["derived"] == ("She has 10 - 4 = […] pens left. So she has 10 + […] = […] pens.", [False] * 4)
+
+
 @pytest.mark.parametrize("eval_every,systems,expected", [
     # one cheap system on a small slice, plus the weight divergence (no generation needed)
     (2, ["A"], {"A/pass@1", "A_B_weight_divergence"}),

@@ -403,7 +403,7 @@ def print_round(rnd, config: Config) -> None:
                      f"{draft.length} tokens", draft.text))
         if challenge is not None:
             print(text_block(f"summary the challenger reads (leaks gold: {rnd.leaked[i]})",
-                         draft.summary if config.exchange else "(no exchange: the rival is hidden)"))
+                         rnd.summaries[i] if config.exchange else "(no exchange: the rival is hidden)"))
             print(text_block(f"challenge by {rnd.challenger} — answer {challenge.answer!r}, "
                          f"correct={rnd.c_challenge[i]}, reward={rnd.r_challenge[i].total:g}", challenge.text))
     print("\n" + "═" * 96)

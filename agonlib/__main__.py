@@ -82,6 +82,9 @@ def cmd_eval(args) -> int:
     if not Path(target).is_dir():  # a profile or YAML: evaluate that config's untrained policies
         args.profile = target
         target = _load(args)
+    elif args.overrides or args.cell:
+        raise SystemExit(f"--set and --cell apply to a profile; the run directory {target} is evaluated with the "
+                         "config it was trained with (its config.json).")
     result = evaluate(target, systems=args.systems or None, n_problems=args.problems, samples=args.samples)
     print(f"{'system':12s} {'pass@1':>7s} {'final len':>10s} {'tokens/problem':>15s}")
     for name, row in result.items():

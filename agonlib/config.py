@@ -215,6 +215,8 @@ class Config:
             raise ConfigError(f"lora_targets must be 'all-linear' or a list of module names, got {self.lora_targets!r}.")
         if any(k > self.eval_samples for k in self.pass_k):
             raise ConfigError(f"pass_k={self.pass_k} needs eval_samples >= {max(self.pass_k)}.")
+        if self.task == "code" and self.summary_mask != "answer":
+            raise ConfigError(f"summary_mask={self.summary_mask!r} masks numbers: it applies to task=math only.")
         if self.task == "code" and self.dataset not in ("code_handwritten", "codecontests"):
             raise ConfigError(f"task=code needs dataset code_handwritten or codecontests, not {self.dataset!r}.")
 

@@ -206,7 +206,7 @@ def _load_gguf(path: Path, dtype: torch.dtype):
         shutil.rmtree(tmp, ignore_errors=True)
     # Read back as every later load does: ``model.to(bf16)`` would also round the rotary frequencies, which
     # ``from_pretrained`` keeps in float32, and the first run on a machine would sample unlike every other.
-    return AutoModelForCausalLM.from_pretrained(cached, dtype=dtype), tokenizer
+    return AutoModelForCausalLM.from_pretrained(cached, dtype=dtype), AutoTokenizer.from_pretrained(cached)
 
 
 def tiny_qwen3_config(vocab_size: int, hidden_size: int = 64, layers: int = 2):

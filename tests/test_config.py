@@ -228,10 +228,12 @@ BAD_VALUES = [
     ({"pass_k": [1, 4]}, ["eval_samples >= 4"]),
     # code tasks need a code dataset
     ({"task": "code"}, ["code_handwritten or codecontests"]),
+    # the derived-number mask is for math summaries
+    ({"summary_mask": "derived", "task": "code", "dataset": "code_handwritten"}, ["summary_mask='derived'", "task=math"]),
 ]
 
 
-@pytest.mark.parametrize("overrides,words", BAD_VALUES, ids=[f"{k}={v!r}" for o, _ in BAD_VALUES for k, v in o.items()])
+@pytest.mark.parametrize("overrides,words", BAD_VALUES, ids=[",".join(f"{k}={v!r}" for k, v in o.items()) for o, _ in BAD_VALUES])
 def test_bad_values_say_how_to_fix_them(overrides, words):
     with pytest.raises(ConfigError) as err:
         load_config("smoke", **overrides)
@@ -388,3 +390,10 @@ def test_run_records_with_old_keys_still_load(tmp_path):
     cfg = load_run_config(tmp_path)
     assert (cfg.model_loader, cfg.generation_engine, cfg.decode_forward) == ("transformers", "transformers", "fast")
     assert recorded_config(tmp_path)["decode_forward"] == "fast"
+
+
+def test_eval_of_a_run_directory_refuses_settings_it_would_ignore(tmp_path):
+    from agonlib.__main__ import main
+
+    with pytest.raises(SystemExit, match="evaluated with the config it was trained with"):
+        main(["eval", str(tmp_path), "--set", "summary_mask=derived"])

@@ -74,6 +74,19 @@ def test_cascade_passes_exactly_the_drafters_summary(monkeypatch, fake_policies)
         assert "secret" not in text and "4242" not in text
 
 
+def test_cascade_with_derived_mask_reads_only_the_questions_numbers(monkeypatch, fake_policies):
+    config = agonlib.load_config("smoke", summary_mask="derived")
+    problems = [{"question": "Nora has 10 pens and uses 4. How many are left?", "answer": "6"}]
+    draft = "She has 10 - 4 = 6 left, so 10 + 6 = 16.\n\\boxed{16}"  # wrong, through the gold
+    fake = FakeGenerate(lambda call: draft if call == 0 else "\\boxed{6}")
+    monkeypatch.setattr(evaluate, "generate", fake)
+    monkeypatch.setattr(evaluate, "grade", lambda rollouts, problems, cfg: [1] * len(rollouts))
+    evaluate.run_system(fake_policies, problems, "cascade_AB", config)
+    shown = "She has 10 - 4 = […] left, so 10 + […] = […]."
+    expected = prompts.challenge_prompt(problems[0]["question"], shown, config.reward, config.task)
+    assert fake.calls[1]["prompts"] == [json.dumps(expected)]  # training's summary rule, in evaluation too
+
+
 def test_moa_aggregator_reads_all_k_proposals(monkeypatch, fake_policies):
     config = agonlib.load_config("smoke", moa_k=3)
     fake = FakeGenerate(lambda call: f"proposal number {call} says \\boxed{{{call}}}")

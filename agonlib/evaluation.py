@@ -182,9 +182,10 @@ def run_system(policies, problems: list[dict], system: str, config, *, samples: 
         first, second = system[-2], system[-1]
         drafts = single(first)
         spent = [d.length for d in drafts]
-        challenge_text = [_render(policies, config, prompts.challenge_prompt(
-                              p["question"], prompts.challenge_summary(d.summary, p["question"], config), config.reward, task))
-                          for p, d in zip(paired_problems, drafts)]
+        summaries = [prompts.challenge_summary(d.summary, p["question"], config)
+                     for p, d in zip(paired_problems, drafts)]
+        challenge_text = [_render(policies, config, prompts.challenge_prompt(p["question"], s, config.reward, task))
+                          for p, s in zip(paired_problems, summaries)]
         final = gen(challenge_text, second, seeds("second"), desc=f"eval {system}",
                     **{**opts, "params": SamplingParams.from_config(config, role="challenger")})
     else:  # moa: K base proposals (the first is the base's own sample), one base aggregator

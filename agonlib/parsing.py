@@ -177,6 +177,10 @@ def remove_final_answer_statements(text: str) -> str:
     return "".join(kept)
 
 
+# A whole token: not touching a letter, digit, underscore, or a decimal point that continues a number.
+_TOKEN_START, _TOKEN_END = r"(?<![\w.])", r"(?![\w]|\.\d)"
+
+
 def mask_answer(text: str, answer: str | None) -> str:
     """Mask whole-token occurrences of ``answer``: ``2+2=4`` → ``2+2=[…]``, ``40`` stays.
 
@@ -186,8 +190,7 @@ def mask_answer(text: str, answer: str | None) -> str:
     answer = (answer or "").strip()
     if not answer:
         return text
-    pattern = r"(?<![\w.])" + re.escape(answer) + r"(?![\w]|\.\d)"
-    return re.sub(pattern, MASK, text)
+    return re.sub(_TOKEN_START + re.escape(answer) + _TOKEN_END, MASK, text)
 
 
 _NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*(?:/\d+)?")
@@ -206,7 +209,7 @@ def fallback_answer(text: str) -> str | None:
     return numbers[-1] if numbers else None
 
 
-_WHOLE_NUMBER = re.compile(r"(?<![\w.])" + _NUMBER.pattern + r"(?![\w]|\.\d)")
+_WHOLE_NUMBER = re.compile(_TOKEN_START + _NUMBER.pattern + _TOKEN_END)
 
 
 def mask_derived_numbers(summary: str, question: str) -> str:

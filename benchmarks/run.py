@@ -208,24 +208,25 @@ def bench_rollout(args) -> dict:
                 rows.append({"batch": batch, "method": method, "rep": rep, "seconds": round(seconds, 2),
                              "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1), **traffic})
                 print(f"  rollout batch {batch} {method}: {tokens} tokens in {seconds:.1f} s", flush=True)
+    def of_roofline(tokens_per_s: float) -> float:
+        return round(tokens_per_s * flop_per_token / 1e9 / dtype_roofline, 3)
+
     summary = {}
     for batch in args.batches:
         rate = {m: sum(r["tokens"] for r in rows if r["batch"] == batch and r["method"] == m)
                 / sum(r["seconds"] for r in rows if r["batch"] == batch and r["method"] == m) for m in methods}
+        fast = [r for r in rows if r["batch"] == batch and r["method"] == "agonlib_fast"]
+        # The memory-bound ceiling of the same work: the fast runs' tokens over the seconds their reads take at least.
+        bound = sum(r["tokens"] for r in fast) / (sum(r["bytes_read_at_least"] for r in fast) / (read_gbs * 1e9))
         summary[str(batch)] = {
             **{f"{m}_tokens_per_s": round(v, 1) for m, v in rate.items()},
             "speedup_fast_vs_plain": round(rate["agonlib_fast"] / rate["plain_generate"], 2),
             "speedup_transformers_loop_vs_plain": round(rate["agonlib_transformers"] / rate["plain_generate"], 2),
-            "fast_fraction_of_roofline": round(rate["agonlib_fast"] * flop_per_token / 1e9 / dtype_roofline, 3),
-        }
-        fast = [r for r in rows if r["batch"] == batch and r["method"] == "agonlib_fast"]
-        # The memory-bound ceiling of the same work: the fast runs' tokens over the seconds their reads take at least.
-        bound = sum(r["tokens"] for r in fast) / (sum(r["bytes_read_at_least"] for r in fast) / (read_gbs * 1e9))
-        summary[str(batch)].update({
+            "fast_fraction_of_roofline": of_roofline(rate["agonlib_fast"]),
             "bandwidth_bound_tokens_per_s": round(bound, 1),
-            "bandwidth_bound_fraction_of_roofline": round(bound * flop_per_token / 1e9 / dtype_roofline, 3),
+            "bandwidth_bound_fraction_of_roofline": of_roofline(bound),
             "fast_fraction_of_bandwidth_bound": round(rate["agonlib_fast"] / bound, 3),
-        })
+        }
     return {"new_tokens": args.new_tokens, "flop_per_token": flop_per_token, "roofline": roofline,
             "dtype": dtype, "roofline_gflops_of_dtype": dtype_roofline, "read_gbs": read_gbs, "runs": rows,
             "by_batch": summary}

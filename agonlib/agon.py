@@ -24,8 +24,9 @@ Departures from DESIGN.md §2, all deliberate:
    batch's denominators (sequences and tokens), so the update equals TRL's on the full batch. The
    logged clip fraction is over the kept tokens only, so it reads higher than TRL's.
 3. KL to the base is computed (and logged) only when ``beta > 0``.
-4. Generation stops at the first complete answer box (``stop_at_answer``, DESIGN.md §2 step 4); the
-   challenger has its own token cap (``challenger_max_new_tokens``).
+4. Generation stops at the first complete answer box (``stop_at_answer``, DESIGN.md §2 step 4; with thinking,
+   at the first complete box after ``</think>``); the challenger has its own token cap
+   (``challenger_max_new_tokens``), and with ``loss_type: dr_grpo`` its loss divides by that cap.
 5. ``summary_mask: derived`` (off by default) also masks every number the question does not state (prompts).
 
 Grading goes through the graders evaluation uses: reward and accuracy cannot disagree.
@@ -36,7 +37,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 import torch
@@ -286,9 +287,10 @@ def agon_step(policies, problems: list[dict], step: int, config, *, optimizers: 
         mismatch = logprob_mismatch(policies, adapter, rollouts, config.temperature, config.micro_batch_size)
         row.update({f"{role}/{k}": v for k, v in mismatch.items()})
     start = time.perf_counter()
-    for role, adapter, rollouts, parts in roles:
-        stats = update_role(policies, adapter, rollouts, parts, rnd.group_size, optimizers[adapter], update_cfg,
-                            config, dp, (scalers or {}).get(adapter))
+    for role, adapter, rollouts, parts in roles:  # dr_grpo divides by the role's own generation cap
+        cap = config.challenger_tokens if role == "challenger" else config.max_new_tokens
+        stats = update_role(policies, adapter, rollouts, parts, rnd.group_size, optimizers[adapter],
+                            replace(update_cfg, max_completion_length=cap), config, dp, (scalers or {}).get(adapter))
         row.update({f"{role}/{k}": v for k, v in stats.items()})
     row["time/train_s"] = time.perf_counter() - start
     return dp.reduce_metrics(row), rnd

@@ -384,6 +384,7 @@ def test_gradient_checkpointing_keeps_the_gradients():
     enable_gradient_checkpointing(pol.model)
     assert pol.model.get_base_model().is_gradient_checkpointing
     checkpointed = grads()
+    assert any(g.abs().sum() > 0 for g in plain)  # B's noise init: gradients flow to both LoRA matrices
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain, checkpointed))
 
 
@@ -394,8 +395,10 @@ def test_evaluation_through_the_vllm_path(policies, engine, tmp_path):
     problems = [{"question": "What is 2 + 3?", "answer": "5"}, {"question": "What is 4 + 4?", "answer": "8"}]
     systems = ("A", "cascade_AB", "moa")
     direct = evaluate_policies(policies, problems, cfg, systems, samples=1, progress=False)
+    calls = len(engine.calls)
     via_vllm = evaluate_policies(policies, problems, cfg, systems, samples=1, progress=False,
                                  backend=_backend(policies, engine, tmp_path))
+    assert len(engine.calls) > calls  # the engine generated (an ignored backend would still compare equal)
     assert via_vllm == direct
 
 

@@ -10,6 +10,7 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"  # before anything imports datasets / hu
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import dataclasses  # noqa: E402
+from fractions import Fraction  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
 import subprocess  # noqa: E402
@@ -81,7 +82,12 @@ def test_synthetic_rows_levels_and_answers():
         assert r["id"] == f"syn-train-L{r['difficulty']}-0-{r['id'].rsplit('-', 1)[1]}"
         value = int(r["answer"])  # an exact integer, written as a plain integer string
         assert r["answer"] == str(value) and value >= 0
-        assert value == solve(r["work"])  # recomputed from the structured form
+        start = r["work"]["start"]  # the story's quantities, folded here with exact fractions
+        amount = Fraction(start[1] * start[2] if start[0] == "groups" else start[1])
+        for op, k in r["work"]["ops"]:
+            amount = {"add": amount + k, "sub": amount - k, "mul": amount * k, "div": amount / k}[op]
+            assert amount.denominator == 1 and amount >= 0  # every step of the story is a whole count
+        assert value == amount == solve(r["work"])
         for _, k in r["work"]["ops"]:  # the story states every operand
             assert str(k) in r["question"] or k in (2, 3)  # 2 and 3 may read "twice" / "three times"
 

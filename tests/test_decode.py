@@ -50,7 +50,7 @@ def test_fast_logits_equal_transformers_tiny_qwen3(smoke_policies, adapter):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("adapter", ["A", None])
+@pytest.mark.parametrize("adapter", ["B", None])  # B is noise-initialised: its merge changes the weights
 def test_fast_logits_equal_transformers_smollm2(smol_policies, adapter):
     # SmolLM2 (Llama): logits up to ~30 through 30 layers; measured max difference 1e-4
     _fast_vs_transformers(smol_policies, adapter, atol=1e-3)
@@ -63,7 +63,7 @@ def test_fast_logits_equal_transformers_in_bf16():
 
     policies = load_policies(load_config("smoke", device="cpu", dtype="bfloat16"))
     assert policies.dtype == torch.bfloat16
-    _fast_vs_transformers(policies, "A", atol=0.03)  # measured under 0.01 (a bf16 ulp at 1 is 0.008)
+    _fast_vs_transformers(policies, "B", atol=0.03)  # B is noise-initialised: its merged weights round too (bf16 ulp at 1: 0.008)
 
 
 def test_fast_logits_follow_a_trained_adapter(smoke_policies_scratch):

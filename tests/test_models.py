@@ -305,8 +305,14 @@ def test_memory_report_qwen3_06b():
 def test_memory_report_smoke(smoke_policies):
     report = smoke_policies.memory_report()
     print(f"\ntiny-qwen3 (smoke): {report}")
-    assert report["adapter_A_params"] == report["adapter_B_params"] == sum(p.numel() for p in smoke_policies.params("A"))
-    assert report["base_params"] == sum(p.numel() for n, p in smoke_policies.model.named_parameters() if not _is_lora(n))
+    # The tiny Qwen3 of models.tiny_qwen3_config: hidden 64, 4 query and 2 key/value heads of 16, MLP 128,
+    # 2 layers, q_norm and k_norm of 16 per layer; the vocabulary is the real tokenizer's.
+    vocab, r = smoke_policies.model.config.vocab_size, smoke_policies.config.lora_r
+    base, adapter = _llama_counts(vocab, 64, 2, 64, 32, 128, r=r, norms_per_layer=2 * 64 + 2 * 16)
+    params = dict(smoke_policies.model.named_parameters())
+    assert report["base_params"] == base == sum(p.numel() for n, p in params.items() if not _is_lora(n))
+    assert report["adapter_A_params"] == report["adapter_B_params"] == adapter == sum(
+        p.numel() for n, p in params.items() if _is_lora(n, "A"))
 
 
 # --- bad input --------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ COOPERATIVE_CASES = [
 @pytest.mark.parametrize("c_b, c_a, len_b, len_a", COOPERATIVE_CASES)
 def test_cooperative_reward_ignores_drafter(c_b, c_a, len_b, len_a):
     parts = cooperative_reward(c_b, c_a, len_b, len_a, lambda_conv=3.0, lambda_len=0.5)
-    assert parts == RewardParts.of(c_b)
+    assert parts == RewardParts(correct=c_b, conversion=0.0, tiebreak=0.0, total=c_b)
     assert parts == challenger_reward("cooperative", c_b, c_a, len_b, len_a, lambda_conv=3.0, lambda_len=0.5)
 
 

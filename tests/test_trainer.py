@@ -75,8 +75,8 @@ def test_role_schedule(step, roles, mode, expected):
 
 def test_problems_at_is_a_seeded_epoch_shuffle():
     train_set = [{"id": i} for i in range(5)]
-    first_epoch = [p["id"] for s in (1, 2) for p in problems_at(train_set, s, 2, seed=3)][:5]
-    assert sorted(first_epoch[:4]) == sorted(set(first_epoch[:4]))  # no repeats inside an epoch
+    first_epoch = [p["id"] for s in (1, 2, 3) for p in problems_at(train_set, s, 2, seed=3)][:5]
+    assert sorted(first_epoch) == list(range(5))  # an epoch visits every problem once
     assert problems_at(train_set, 7, 2, seed=3) == problems_at(train_set, 7, 2, seed=3)
     assert [p["id"] for p in problems_at(train_set, 1, 5, seed=3)] != [p["id"] for p in problems_at(train_set, 1, 5, seed=4)]
 
@@ -129,6 +129,17 @@ def test_agon_step_trains_both_adapters_and_never_the_base(tiny, hashed_grader, 
     assert any(".A." in n for n in changed) and any(".B." in n for n in changed)
     assert all("lora_" in n for n in changed)  # the base is bit-identical
     assert row["drafter"] == "A" and row["challenger"] == "B"
+
+
+def test_dr_grpo_divides_each_role_by_its_own_token_cap(tiny, hashed_grader, tmp_path, monkeypatch):
+    # dr_grpo's constant is the generation cap (TRL's max_completion_length): the challenger's is its own.
+    caps = []
+    real_update = agon.grpo_update
+    monkeypatch.setattr(agon, "grpo_update", lambda model, batch, params, opt, cfg, **kw: caps.append(
+        cfg.max_completion_length) or real_update(model, batch, params, opt, cfg, **kw))
+    config = _cfg(tmp_path, steps=1, loss_type="dr_grpo", max_new_tokens=6, challenger_max_new_tokens=9)
+    Trainer(config, policies=tiny, progress=False).train_step(1)
+    assert caps == [6, 9]  # drafter, then challenger
 
 
 def test_grpo_mode_trains_only_adapter_a(tiny, hashed_grader, tmp_path):

@@ -7,6 +7,7 @@ Commands:
 * ``solve``      — the cascade of a trained run on one problem: draft summary and final answer.
 * ``round``      — one draft → summary → challenge round, printed readably.
 * ``gate``       — can the untrained challenger use the challenge prompt? (DESIGN.md §8)
+* ``verdict``    — the paper's orderings judged over the seeds of several committed results reports.
 * ``reproduce``  — the README's main job: every numbered notebook through papermill.
 """
 
@@ -28,6 +29,8 @@ from .runs import CheckpointError, latest_adapters, load_run_config
 from .study.pipeline import show_round
 from .study.pipeline import text_block as _block
 from .study.reproduce import main as reproduce_main
+from .study.results import to_markdown
+from .study.verdict import ReportError, combine
 from .trainer import train
 
 
@@ -124,6 +127,21 @@ def cmd_solve(args) -> int:
     return 0
 
 
+def cmd_verdict(args) -> int:
+    table = to_markdown(combine(args.reports))
+    print(table)
+    if args.out:
+        command = " ".join(["python -m agonlib verdict", *args.reports, "--out", args.out])
+        seeds = ", ".join(Path(report).with_suffix("").name for report in args.reports)
+        Path(args.out).write_text(
+            f"# The paper's orderings over the seeds of {seeds}\n\n"
+            f"Written by `{command}` from the committed results tables alone (agonlib.study.verdict.combine): "
+            "each seed's difference from the CSVs, a t-interval over the seeds, McNemar on the reports' "
+            "discordant counts summed over seeds.\n\n" + table + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_reproduce(args) -> int:
     return reproduce_main(args)
 
@@ -168,6 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     p_solve.add_argument("--order", default="AB", choices=["AB", "BA"], help="drafter then answerer")
     p_solve.add_argument("--seed", type=int, default=0)
     p_solve.set_defaults(func=cmd_solve)
+    p_verdict = sub.add_parser(
+        "verdict", help="the paper's orderings judged over the seeds of several results reports",
+        description="Judge the paper's orderings over every seed of several results reports (a results CSV with "
+                    "its Markdown beside it, e.g. experiments/results/cpu-bf16.csv), without their run "
+                    "directories: seeds trained in separate runs judged together.")
+    p_verdict.add_argument("reports", nargs="+", help="results reports: <name>.csv with <name>.md beside it")
+    p_verdict.add_argument("--out", default=None, help="also write the table, with the command, to this Markdown file")
+    p_verdict.set_defaults(func=cmd_verdict)
     p_repro = sub.add_parser(
         "reproduce", help="the main job: every numbered notebook through papermill",
         description="Run notebooks/00_setup … 09_results in order through papermill. Executed copies and "
@@ -201,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"Config error: {err}", file=sys.stderr)
         return 2
-    except (AssetError, CheckpointError, FileExistsError, FileNotFoundError) as err:
+    except (AssetError, CheckpointError, FileExistsError, FileNotFoundError, ReportError) as err:
         print(f"Error: {err}", file=sys.stderr)
         return 2
 

@@ -6,11 +6,16 @@ can be worked out on paper.
 """
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
-from agonlib.study import verdict
-from agonlib.study.verdict import Ordering
+from agonlib.__main__ import main
+from agonlib.study import results, verdict
+from agonlib.study.verdict import Ordering, ReportError
+
+COMMITTED = Path(__file__).resolve().parent.parent / "experiments" / "results"
 
 N = 100  # held-out items per run
 
@@ -26,7 +31,8 @@ def write_eval(root, cell, seed, systems: dict, *, mode="agon", exchange=True, l
     run.mkdir(parents=True)
     config = {"run_name": run.name, "seed": seed, "mode": mode, "exchange": exchange}
     (run / "config.json").write_text(json.dumps({"config": config}))
-    result = {s: {"pass@1": sum(c) / len(c), "correct": c, "final_len_distribution": lens}
+    result = {s: {"pass@1": sum(c) / len(c), "correct": c, "final_len_distribution": lens,
+                  "mean_final_len": sum(lens) / len(lens), "n_problems": len(c)}
               for s, (c, lens) in systems.items()}
     result["meta"] = {"run": run.name, "seed": seed}
     (run / "final_eval.json").write_text(json.dumps(result))
@@ -172,3 +178,83 @@ def test_leak_rates_cover_exchange_cells_only(tmp_path):
     assert table.loc["agon", "of which the gold is in the question"] == 1  # whole numbers only: not 11's "1"
     write_eval(tmp_path, "coop_exchange", 0, {}, leak=[0.03, 0.01])
     assert not verdict.leak_rates(tmp_path).set_index("cell").loc["coop_exchange", "every seed ≤ 0.01"]
+
+
+def _five_seeds(root, seeds):
+    """Agon's cascade and adapter A and GRPO-2N, seed by seed, each seed with its own gaps."""
+    for seed in seeds:
+        write_eval(root, "agon", seed, {"cascade_AB": (_correct(40 + 3 * seed, offset=seed), _lens(30 - seed)),
+                                        "A": (_correct(35 + seed), _lens(33))})
+        write_eval(root, "grpo_2n", seed, {"grpo": (_correct(45 - seed, offset=2 * seed), _lens(36 + seed % 2))},
+                   mode="grpo")
+
+
+def _report(runs_dir, path):
+    """A results report of ``runs_dir`` as reproduce writes it: ``path.csv`` and ``path.md``."""
+    table = results.collect("test", runs_dir, write=False)
+    table.to_csv(path.with_suffix(".csv"), index=False)
+    path.with_suffix(".md").write_text(results.report(table, runs_dir) + "\n")
+    return path.with_suffix(".csv")
+
+
+def test_combining_reports_of_split_seeds_equals_judging_every_run_together(tmp_path):
+    _five_seeds(tmp_path / "first", (0, 1, 2))
+    _five_seeds(tmp_path / "second", (3, 4))
+    _five_seeds(tmp_path / "all", range(5))
+    reports = [_report(tmp_path / "first", tmp_path / "a"), _report(tmp_path / "second", tmp_path / "b")]
+    combined, together = verdict.combine(reports), verdict.orderings(tmp_path / "all")
+    assert list(combined["verdict"]) == list(together["verdict"])
+    judged = together["verdict"] != "not evaluated"
+    assert judged.sum() == 4  # cascade vs GRPO-2N, A→B vs A, A vs GRPO-2N, final length vs GRPO-2N
+    assert set(together.loc[judged, "seeds"]) == {5}
+    for column in ("per seed", "seeds", "problems", "first only", "second only", "interval"):
+        assert list(combined[column]) == list(together[column]), column
+    for column in ("difference", "low", "high", "McNemar p"):
+        assert combined.loc[judged, column].astype(float).tolist() == pytest.approx(
+            together.loc[judged, column].astype(float).tolist(), nan_ok=True), column
+
+
+def test_each_committed_report_combines_to_its_own_orderings_table():
+    # A report's CSV alone gives the per-seed differences its Markdown was written with from the run directories.
+    for name in ("cpu", "cpu-bf16", "cpu-bf16-seeds3-4"):
+        table = results.to_markdown(verdict.combine([COMMITTED / f"{name}.csv"]))
+        assert table in (COMMITTED / f"{name}.md").read_text(), name
+
+
+def test_the_committed_five_seed_table_regenerates():
+    table = results.to_markdown(verdict.combine([COMMITTED / "cpu-bf16.csv", COMMITTED / "cpu-bf16-seeds3-4.csv"]))
+    assert table in (COMMITTED / "cpu-bf16-5seeds.md").read_text()
+
+
+def test_a_seed_counted_twice_or_a_csv_beside_another_report_is_refused(tmp_path, capsys):
+    _five_seeds(tmp_path / "first", (0, 1))
+    _five_seeds(tmp_path / "again", (1, 2))
+    first, again = _report(tmp_path / "first", tmp_path / "a"), _report(tmp_path / "again", tmp_path / "b")
+    with pytest.raises(ReportError, match=r"repeats seed\(s\) \[1\]"):
+        verdict.combine([first, again])
+    assert main(["verdict", str(first), str(again)]) == 2
+    assert "each seed may be counted once" in capsys.readouterr().err
+    shutil.copy(tmp_path / "a.md", tmp_path / "b.md")  # b.csv now sits beside a.md
+    with pytest.raises(ReportError, match="they are not one report"):
+        verdict.combine([again])
+
+
+def test_an_ordering_with_one_seed_in_all_is_left_to_its_report(tmp_path):
+    _five_seeds(tmp_path / "first", (0, 1))
+    write_eval(tmp_path / "second", "agon", 2, {"cascade_AB": (_correct(50), _lens(30))})
+    write_eval(tmp_path / "second", "grpo", 2, {"grpo": (_correct(40), _lens(30))}, mode="grpo")
+    table = verdict.combine([_report(tmp_path / "first", tmp_path / "a"), _report(tmp_path / "second", tmp_path / "b")])
+    rows = table.set_index("claim")
+    assert rows.loc["Agon above GRPO (N)", "verdict"] == "one seed: judged in its own report"
+    assert rows.loc["Agon above GRPO-2N (compute-matched)", "seeds"] == 2
+
+
+def test_verdict_command_writes_the_table_with_the_command(tmp_path):
+    _five_seeds(tmp_path / "first", (0, 1, 2))
+    _five_seeds(tmp_path / "second", (3, 4))
+    reports = [str(_report(tmp_path / "first", tmp_path / "a")), str(_report(tmp_path / "second", tmp_path / "b"))]
+    out = tmp_path / "five.md"
+    assert main(["verdict", *reports, "--out", str(out)]) == 0
+    text = out.read_text()
+    assert f"python -m agonlib verdict {reports[0]} {reports[1]} --out {out}" in text
+    assert results.to_markdown(verdict.combine(reports)) in text

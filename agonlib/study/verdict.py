@@ -162,24 +162,39 @@ def ordering_row(ordering: Ordering, evaluations: dict) -> dict:
             continue
         per_seed.append(statistics.fmean(x for p in a[0] for x in p) - statistics.fmean(x for p in b[0] for x in p))
         pooled.extend(zip(a[0], b[0]))
-    row = {"claim": ordering.claim, "measure": ordering.measure, "first": " ".join(ordering.first),
-           "second": " ".join(ordering.second), "seeds": len(per_seed),
-           "per seed": " ".join(f"{d:+.3f}" if ordering.measure == "pass@1" else f"{d:+.1f}" for d in per_seed)}
     if not per_seed:
-        return {**row, "verdict": "not evaluated"}
+        return {**_head(ordering, per_seed), "verdict": "not evaluated"}
     # A problem's difference is the mean over its samples: samples of one problem are not independent.
     diffs = [statistics.fmean(x) - statistics.fmean(y) for x, y in pooled]
+    counts = None
+    if ordering.measure == "pass@1":  # each problem's first sample
+        counts = (sum(1 for x, y in pooled if x[0] > y[0]), sum(1 for x, y in pooled if x[0] < y[0]))
+    return _judged(ordering, per_seed, len(diffs), counts, _paired_interval(diffs))
+
+
+def _head(ordering: Ordering, per_seed: list[float]) -> dict:
+    return {"claim": ordering.claim, "measure": ordering.measure, "first": " ".join(ordering.first),
+            "second": " ".join(ordering.second), "seeds": len(per_seed), "per seed": _per_seed_text(ordering, per_seed)}
+
+
+def _per_seed_text(ordering: Ordering, per_seed: list[float]) -> str:
+    return " ".join(f"{d:+.3f}" if ordering.measure == "pass@1" else f"{d:+.1f}" for d in per_seed)
+
+
+def _judged(ordering: Ordering, per_seed: list[float], problems: int, counts: tuple[int, int] | None,
+            one_seed_interval: tuple[float, float] = (float("nan"), float("nan"))) -> dict:
+    """The row of an ordering from its per-seed differences, its paired problems, its McNemar counts
+    (``first only``, ``second only``; ``None`` for lengths) and, for one seed, the interval of its items."""
+    row = _head(ordering, per_seed)
     if len(per_seed) > 1:
         (mean, low, high), kind = mean_interval(per_seed), f"t over {len(per_seed)} seeds"
     else:
-        (mean, (low, high)), kind = (per_seed[0], _paired_interval(diffs)), "problems, 1 seed"
-    row.update({"difference": mean, "low": low, "high": high, "interval": kind, "problems": len(diffs)})
+        (mean, (low, high)), kind = (per_seed[0], one_seed_interval), "problems, 1 seed"
+    row.update({"difference": mean, "low": low, "high": high, "interval": kind, "problems": problems})
     word = judge(low, high, ordering.expect)
-    if ordering.measure == "pass@1":
-        first_only = sum(1 for x, y in pooled if x[0] > y[0])  # each problem's first sample
-        second_only = sum(1 for x, y in pooled if x[0] < y[0])
-        p = mcnemar_exact(first_only, second_only)
-        row.update({"first only": first_only, "second only": second_only, "McNemar p": p})
+    if counts is not None:
+        p = mcnemar_exact(*counts)
+        row.update({"first only": counts[0], "second only": counts[1], "McNemar p": p})
         if p >= ALPHA:
             word = "not separated"
     # One seed's interval holds evaluation noise only: a second training seed can move a cell by more.
@@ -187,13 +202,115 @@ def ordering_row(ordering: Ordering, evaluations: dict) -> dict:
     return row
 
 
-def orderings(runs_dir: str | Path, which=ORDERINGS) -> pd.DataFrame:
-    """Every ordering of the paper, judged on the runs under ``runs_dir`` (one row each)."""
-    evaluations = load_evaluations(runs_dir)
-    table = pd.DataFrame([ordering_row(o, evaluations) for o in which], columns=COLUMNS)
+def _table(rows: list[dict]) -> pd.DataFrame:
+    table = pd.DataFrame(rows, columns=COLUMNS)
     for column in ("seeds", "problems", "first only", "second only"):
         table[column] = table[column].astype("Int64")  # counts stay integers beside the missing ones
     return table
+
+
+def orderings(runs_dir: str | Path, which=ORDERINGS) -> pd.DataFrame:
+    """Every ordering of the paper, judged on the runs under ``runs_dir`` (one row each)."""
+    evaluations = load_evaluations(runs_dir)
+    return _table([ordering_row(o, evaluations) for o in which])
+
+
+ORDERINGS_HEADING = "## The paper's orderings"
+
+
+class ReportError(ValueError):
+    """Reports that cannot be judged together: a missing table, a seed twice, a CSV beside another's Markdown."""
+
+
+def read_report_orderings(report_md: str | Path) -> pd.DataFrame:
+    """The orderings table of a results report (``<profile>.md``, written by :mod:`.results`), as written."""
+    lines = Path(report_md).read_text().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(ORDERINGS_HEADING)), None)
+    if start is None:
+        raise ReportError(f"{report_md} has no section starting {ORDERINGS_HEADING!r}: not a results report.")
+    rows = []
+    for line in lines[start + 1:]:
+        if line.startswith("## "):
+            break
+        if line.startswith("|") and not line.startswith("|---"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    if not rows or rows[0] != COLUMNS:
+        raise ReportError(f"{report_md}: the orderings table's columns are not {COLUMNS}.")
+    return pd.DataFrame(rows[1:], columns=COLUMNS)
+
+
+def _csv_values(table: pd.DataFrame, report: Path) -> dict:
+    """``{(cell, seed): {system: (pass@1, mean final-stage length, problems)}}`` from a results table."""
+    values: dict = {}
+    for row in table[table["pass@1"].notna()].to_dict("records"):
+        key, system = (cell_of(row["run"]), int(row["seed"])), row["system"]
+        if system in values.setdefault(key, {}):
+            raise ReportError(f"{report} lists {system} of cell {key[0]}, seed {key[1]} twice.")
+        values[key][system] = (float(row["pass@1"]), float(row["mean_final_len"]), int(row["n_problems"]))
+    return values
+
+
+def _differences(ordering: Ordering, values: dict) -> dict[int, float]:
+    """``{seed: first − second}`` for every seed of ``values`` with both systems on the same number of problems."""
+    measure = 0 if ordering.measure == "pass@1" else 1
+    out = {}
+    for seed in sorted({seed for (_, seed) in values}):
+        first = values.get((ordering.first[0], seed), {}).get(ordering.first[1])
+        second = values.get((ordering.second[0], seed), {}).get(ordering.second[1])
+        if first is not None and second is not None and first[2] == second[2]:
+            out[seed] = first[measure] - second[measure]
+    return out
+
+
+def combine(reports, which=ORDERINGS) -> pd.DataFrame:
+    """The paper's orderings judged over the seeds of several results reports, from their files alone.
+
+    Each report is a results table ``<name>.csv`` (:func:`agonlib.study.results.collect`) with its
+    ``<name>.md`` beside it, as committed under ``experiments/results/``: seeds trained apart (another
+    session, another clone) are judged together without their run directories. A seed's difference is
+    the difference of the two systems' pass@1 (or mean final-stage length) in the CSV — the means of the
+    same items that :func:`ordering_row` differences. The McNemar counts are the sums of the reports'
+    ``first only`` / ``second only`` columns, which is what pooling over seeds does. What the files
+    cannot give is one seed's interval over its items: an ordering with one seed in all is left to its
+    own report.
+    A seed may appear in one report only, and each report's own ``per seed`` column must equal the
+    differences its CSV gives (a CSV beside the wrong Markdown file stops here).
+    """
+    values: dict = {}
+    tables: list[pd.DataFrame] = []  # each report's orderings, as written
+    for report in map(Path, reports):
+        csv, md = report.with_suffix(".csv"), report.with_suffix(".md")
+        for path in (csv, md):
+            if not path.exists():
+                raise FileNotFoundError(f"{path} is missing: a report is a results CSV with its Markdown beside it.")
+        own = _csv_values(pd.read_csv(csv), csv)
+        shared = sorted({seed for _, seed in own} & {seed for _, seed in values})
+        if shared:
+            raise ReportError(f"{csv} repeats seed(s) {shared} of an earlier report: each seed may be counted once.")
+        table = read_report_orderings(md).set_index("claim")
+        for ordering in which:
+            if ordering.claim not in table.index:
+                raise ReportError(f"{md} has no row for {ordering.claim!r}.")
+            text = _per_seed_text(ordering, list(_differences(ordering, own).values()))
+            if table.loc[ordering.claim, "per seed"] != text:
+                raise ReportError(f"{md} gives {table.loc[ordering.claim, 'per seed']!r} for {ordering.claim!r} "
+                                  f"but {csv.name} gives {text!r}: they are not one report.")
+        values.update(own)
+        tables.append(table)
+    rows = []
+    for ordering in which:
+        per_seed = list(_differences(ordering, values).values())
+        if len(per_seed) < 2:  # one seed's interval is over its items, which only its run directories hold
+            word = "not evaluated" if not per_seed else "one seed: judged in its own report"
+            rows.append({**_head(ordering, per_seed), "verdict": word})
+            continue
+        cells = [table.loc[ordering.claim] for table in tables if table.loc[ordering.claim, "per seed"]]
+        problems = sum(int(cell["problems"]) for cell in cells)
+        counts = None
+        if ordering.measure == "pass@1":
+            counts = tuple(sum(int(cell[column]) for cell in cells) for column in ("first only", "second only"))
+        rows.append(_judged(ordering, per_seed, problems, counts))
+    return _table(rows)
 
 
 LEAK_GOAL = 0.01  # issue 15: a summary should state the gold in at most 1% of training pairs

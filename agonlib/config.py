@@ -252,6 +252,11 @@ class Config:
         return self.challenger_max_new_tokens or self.max_new_tokens
 
     @property
+    def max_sequence_tokens(self) -> int:
+        """The longest sequence either role can make: a prompt and the larger of the two token caps."""
+        return self.max_prompt_tokens + max(self.max_new_tokens, self.challenger_tokens)
+
+    @property
     def generations_per_problem(self) -> int:
         """Drafts per problem: ``N``, or ``2N`` for compute-matched vanilla GRPO."""
         return self.num_generations * (2 if self.mode == "grpo" and self.grpo_compute_matched else 1)

@@ -128,14 +128,21 @@ def mcnemar_exact(fixed: int, broken: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def paired(first: list, second: list) -> dict:
-    """Per-item transitions from ``first`` to ``second`` (0/1 lists over the same items and seeds).
+def paired(first: list, second: list, samples: int = 1) -> dict:
+    """Per-problem transitions from ``first`` to ``second`` (0/1 lists over the same items and seeds).
 
     ``fixed``: wrong in ``first``, right in ``second``; ``broken``: the reverse; with the exact
-    McNemar p-value of the difference.
+    McNemar p-value of the difference. The items are ``samples`` consecutive samples per problem;
+    a problem's samples are not independent, so the test reads each problem's first sample
+    (as :mod:`agonlib.study.verdict` does) and ``n`` counts problems.
+
+    >>> paired([0, 0, 1, 1], [1, 1, 1, 0], samples=2)  # problem 0 fixed (twice over), problem 1 unchanged
+    {'n': 2, 'fixed': 1, 'broken': 0, 'p_value': 1.0}
     """
-    if len(first) != len(second):
-        raise ValueError(f"paired comparison needs the same items: {len(first)} vs {len(second)}.")
+    if len(first) != len(second) or len(first) % samples:
+        raise ValueError(f"paired comparison needs the same items, {samples} per problem: "
+                         f"{len(first)} vs {len(second)}.")
+    first, second = first[::samples], second[::samples]
     fixed = sum(1 for a, b in zip(first, second) if not a and b)
     broken = sum(1 for a, b in zip(first, second) if a and not b)
     return {"n": len(first), "fixed": fixed, "broken": broken, "p_value": mcnemar_exact(fixed, broken)}
@@ -211,12 +218,14 @@ def run_system(policies, problems: list[dict], system: str, config, *, samples: 
 def summarize(result: dict, pass_k=(1,)) -> dict:
     """pass@1 with its Wilson 95% interval, pass@k, lengths and token spend of one system's results.
 
-    The interval counts every (problem, sample) item as a trial: exact for one sample per problem.
+    The problems are the trials of the Wilson interval: a problem's samples are not independent,
+    so with several samples a problem counts the mean of its samples as its success (exact for
+    one sample per problem, conservative for more).
     """
     n = len(result["correct"][0]) if result["correct"] else 0
     items = [c for per_problem in result["correct"] for c in per_problem]
     out = {"pass@1": statistics.fmean(statistics.fmean(c) for c in result["correct"]) if n else float("nan")}
-    out["pass@1_ci"] = list(wilson(sum(items), len(items)))
+    out["pass@1_ci"] = list(wilson(sum(statistics.fmean(c) for c in result["correct"]), len(result["correct"])))
     for k in pass_k:
         if 1 < k <= n:
             out[f"pass@{k}"] = statistics.fmean(pass_at_k(n, sum(c), k) for c in result["correct"])
@@ -270,7 +279,7 @@ def evaluate_policies(policies, problems: list[dict], config, systems=None, *, s
     out = {s: summarize(r, config.pass_k) for s, r in raw.items()}
     for s, r in raw.items():
         out[s]["final_len_distribution"] = r["final_lens"]
-    out["comparisons"] = {f"{second} vs {first}": paired(out[first]["correct"], out[second]["correct"])
+    out["comparisons"] = {f"{second} vs {first}": paired(out[first]["correct"], out[second]["correct"], samples)
                           for second, first in COMPARISONS if first in out and second in out}
     if "A" in raw and "B" in raw:
         out["A_B_disagreement"] = greedy_disagreement(policies, problems, config, backend)
@@ -283,7 +292,8 @@ def evaluate(run_dir_or_config, systems=None, *, n_problems: int | None = None, 
 
     A run directory's results go to its ``final_eval.json``; a config's (untrained
     adapters) to ``experiments/runs/<profile>/untrained/`` unless it names an
-    ``out_dir``. Systems already in the file and not re-evaluated are kept.
+    ``out_dir``. Systems already in the file and not re-evaluated are kept when the file is of the
+    same checkpoint; the evaluation of another checkpoint is replaced whole.
     """
     adapters = None
     if isinstance(run_dir_or_config, Config):
@@ -308,10 +318,16 @@ def evaluate(run_dir_or_config, systems=None, *, n_problems: int | None = None, 
     found = evaluate_policies(policies, problems, config, systems, samples=samples, progress=progress)
     path = run_dir / "final_eval.json"
     result = json.loads(path.read_text()) if path.exists() else {}
+    checkpoint = str(adapters.parent) if adapters else None
+    if result and (result.get("meta") or {}).get("checkpoint", checkpoint) != checkpoint:
+        # Systems of another checkpoint must not sit beside these ones: a cascade would pair with another A.
+        log.warning("%s held the evaluation of %s; it is replaced by that of %s.", path,
+                    result["meta"]["checkpoint"], checkpoint)
+        result = {}
     result.update({k: v for k, v in found.items() if k not in ("A_B_disagreement", "comparisons")})
     result["comparisons"] = {**result.get("comparisons", {}), **found["comparisons"]}
     result["meta"] = {"run": config.run_name, "profile": config.profile, "seed": config.seed,
-                      "checkpoint": str(adapters.parent) if adapters else None,
+                      "checkpoint": checkpoint,
                       "A_B_disagreement": found.get("A_B_disagreement", result.get("meta", {}).get("A_B_disagreement"))}
     run_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")

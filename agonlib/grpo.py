@@ -43,8 +43,14 @@ Where this module departs from DESIGN.md §2, or from TRL, and what we follow:
    begin alike attend to one forward of their common tokens, whose backward runs once with their summed
    gradient. Same loss and gradient as one row at a time up to float rounding (tests/test_shared_prefix.py).
 10. Not reproduced (all off by default in TRL): sequence-level importance sampling, two-sided `delta`
-   clipping, entropy masking and bonus, off-policy sequence masking, vLLM importance correction, and
-   the cispo/sapo/luspo/vespo losses.
+   clipping, entropy masking and bonus, off-policy sequence masking, and the cispo/sapo/luspo/vespo losses.
+11. Not reproduced, and **on** by default in TRL 1.15: the vLLM importance-sampling correction
+   (`vllm_importance_sampling_correction=True`, mode `sequence_mask`, upper bound 3). Where vLLM
+   generates, TRL weights each sequence's policy loss by exp(Σ train − vLLM log-prob of its tokens) and
+   drops the sequences whose weight exceeds 3. agonlib trains every sequence at weight 1 and logs the
+   gap instead (`<role>/logprob_mismatch_*`, `agonlib.generation.backends.logprob_mismatch`). Only runs
+   whose rollouts come from vLLM (colab/paper with `generation_engine: auto` on a GPU) differ from TRL
+   here; with transformers or the fast decoder TRL applies no correction either.
 """
 
 from __future__ import annotations

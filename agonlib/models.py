@@ -254,7 +254,7 @@ def _load_unsloth(source: str, config: Config, dtype: torch.dtype):
 
 
     model, tokenizer = FastLanguageModel.from_pretrained(
-        source, max_seq_length=config.max_prompt_tokens + config.max_new_tokens, dtype=dtype,
+        source, max_seq_length=config.max_sequence_tokens, dtype=dtype,
         load_in_4bit=False, **unsloth_vllm_kwargs(config),
     )
     return model, tokenizer

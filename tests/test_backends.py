@@ -311,7 +311,7 @@ def test_standalone_engine_arguments_and_rollouts(smoke_policies, fake_vllm, tmp
     assert (kw["enable_lora"], kw["max_loras"], kw["max_lora_rank"], kw["seed"], kw["dtype"]) == \
            (True, 2, 16, 5, "bfloat16")
     assert kw["logprobs_mode"] == "raw_logprobs" and backend.logprobs_mode == "raw_logprobs"
-    assert kw["max_model_len"] == cfg.max_prompt_tokens + cfg.max_new_tokens
+    assert kw["max_model_len"] == cfg.max_prompt_tokens + cfg.max_new_tokens  # challenger_max_new_tokens unset
     rollouts = backend.generate(["p"] * 3, "B", [1, 2, 3], SamplingParams(max_new_tokens=5), progress=False)
     assert [r.completion_ids for r in rollouts] == [[40, 41, 151645], [40, 41, 151645], [40] * 5]
     assert [r.truncated for r in rollouts] == [False, False, True]

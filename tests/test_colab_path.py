@@ -131,7 +131,7 @@ def test_model_loader_unsloth_without_vllm_is_honoured_with_a_warning(fake_gpu, 
     with caplog.at_level(logging.WARNING, logger="agonlib.models"):
         _, _, backend = load_base(config, CUDA, torch.float32)
     assert backend == "unsloth"
-    assert fake_gpu.unsloth_calls == [{"max_seq_length": config.max_prompt_tokens + config.max_new_tokens,
+    assert fake_gpu.unsloth_calls == [{"max_seq_length": config.max_sequence_tokens,
                                        "load_in_4bit": False}]  # no vLLM engine: no fast_inference
     assert "tuple-cache-safe decode loop" in caplog.text and "vllm==0.32.0" in caplog.text
 

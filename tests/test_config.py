@@ -397,3 +397,12 @@ def test_eval_of_a_run_directory_refuses_settings_it_would_ignore(tmp_path):
 
     with pytest.raises(SystemExit, match="evaluated with the config it was trained with"):
         main(["eval", str(tmp_path), "--set", "summary_mask=derived"])
+
+
+def test_engines_are_sized_for_the_longer_of_the_two_roles():
+    # a challenger allowed more tokens than the drafter: the engine must hold its sequences too
+    longer = load_config("smoke", max_prompt_tokens=100, max_new_tokens=20, challenger_max_new_tokens=50)
+    assert (longer.challenger_tokens, longer.max_sequence_tokens) == (50, 150)
+    shorter = longer.replace(challenger_max_new_tokens=10)
+    assert (shorter.challenger_tokens, shorter.max_sequence_tokens) == (10, 120)
+    assert longer.replace(challenger_max_new_tokens=None).max_sequence_tokens == 120

@@ -147,6 +147,40 @@ def test_intervals_and_mcnemar():
     assert evaluate.paired([0, 1, 1, 0], [1, 1, 0, 0]) == {"n": 4, "fixed": 1, "broken": 1, "p_value": 1.0}
 
 
+def test_the_samples_of_one_problem_are_not_independent_trials():
+    # 3 problems x 2 identical samples: as many trials as problems, however often each was drawn
+    twice = evaluate.summarize({"correct": [[1, 1], [0, 0], [1, 1]], "answers": [], "final_lens": [1] * 6,
+                                "total_tokens": [1] * 6})
+    once = evaluate.summarize({"correct": [[1], [0], [1]], "answers": [], "final_lens": [1] * 3,
+                               "total_tokens": [1] * 3})
+    assert twice["pass@1_ci"] == once["pass@1_ci"] == list(evaluate.wilson(2, 3))
+    # problem 0 fixed on both samples, problem 1 broken on its second only: McNemar reads first samples
+    assert evaluate.paired([0, 0, 1, 1], [1, 1, 1, 0], samples=2) == {"n": 2, "fixed": 1, "broken": 0,
+                                                                      "p_value": 1.0}
+    with pytest.raises(ValueError, match="2 per problem"):
+        evaluate.paired([0, 1, 1], [1, 1, 0], samples=2)
+
+
+def test_an_evaluation_of_another_checkpoint_is_replaced_not_merged(tmp_path, monkeypatch):
+    run = tmp_path / "agon"
+    run.mkdir()
+    old = {"cascade_AB": {"pass@1": 0.9}, "A": {"pass@1": 0.1}, "comparisons": {"cascade_AB vs A": {"n": 9}},
+           "meta": {"checkpoint": str(run / "checkpoints" / "step-000020")}}
+    (run / "final_eval.json").write_text(json.dumps(old))
+    config = SimpleNamespace(mode="agon", model="m", final_eval_problems=2, run_name="agon", profile="p", seed=0)
+    policies = SimpleNamespace(load_adapter=lambda name, path: None)
+    monkeypatch.setattr(evaluate, "load_run_config", lambda run_dir: config)
+    monkeypatch.setattr(evaluate, "latest_adapters", lambda run_dir: run / "checkpoints" / "step-000030" / "adapters")
+    monkeypatch.setattr(evaluate, "problems_for", lambda config, split: [{"question": "q", "answer": "1"}] * 3)
+    found = {"A": {"pass@1": 0.5}, "comparisons": {}}
+    monkeypatch.setattr(evaluate, "evaluate_policies", lambda *args, **kwargs: found)
+    result = evaluate.evaluate(run, systems=["A"], policies=policies, progress=False)
+    assert set(result) == {"A", "comparisons", "meta"} and result["comparisons"] == {}  # step 20's cascade gone
+    assert result["meta"]["checkpoint"].endswith("step-000030")
+    found["B"] = {"pass@1": 0.4}  # the same checkpoint again: what was there is kept beside the new system
+    assert set(evaluate.evaluate(run, systems=["B"], policies=policies, progress=False)) >= {"A", "B"}
+
+
 def test_summarize_and_disagreement():
     raw = {"correct": [[1, 0, 1], [0, 0, 0]], "answers": [], "final_lens": [10, 20, 30, 40, 50, 60],
            "total_tokens": [10, 20, 30, 40, 50, 60]}

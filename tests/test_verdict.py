@@ -58,8 +58,9 @@ AGON_ABOVE_GRPO = Ordering("Agon above GRPO-2N", ("agon", "cascade_AB"), ("grpo_
     ((60, 62, 58), (30, 31, 29), "holds"),
     # differences +0.05, -0.02, +0.03 (the module's worked example): mean +0.02, interval [-0.07, +0.11]
     ((35, 28, 33), (30, 30, 30), "not separated"),
-    # the paper's order turned round on every seed
-    ((10, 12, 11), (40, 42, 41), "reversed"),
+    # the paper's order turned round on every seed (by 30, 32 and 29 points: seeds that agree exactly would
+    # give an interval without width)
+    ((10, 12, 11), (40, 44, 40), "reversed"),
 ])
 def test_verdict_comes_from_the_interval_across_seeds(tmp_path, agon_right, grpo_right, verdict_word):
     for seed, (a, g) in enumerate(zip(agon_right, grpo_right)):
@@ -155,6 +156,34 @@ def test_an_interval_without_width_separates_nothing(tmp_path):
         write_eval(tmp_path, "grpo_2n", seed, {"grpo": (_correct(30), _lens(40))}, mode="grpo")
     row = verdict.ordering_row(AGON_ABOVE_GRPO, verdict.load_evaluations(tmp_path))
     assert row["low"] == row["high"] == pytest.approx(0.3)
+    assert row["verdict"] == "not separated"
+
+
+def test_differences_equal_but_for_float_rounding_have_no_width(tmp_path):
+    # 0.3 - 0.2, 0.2 - 0.1 and 0.4 - 0.3 print as +0.100 three times but differ in the last bits
+    for seed, (a, g) in enumerate(((30, 20), (20, 10), (40, 30))):
+        write_eval(tmp_path, "agon", seed, {"cascade_AB": (_correct(a), _lens(30))})
+        write_eval(tmp_path, "grpo_2n", seed, {"grpo": (_correct(g), _lens(40))}, mode="grpo")
+    row = verdict.ordering_row(AGON_ABOVE_GRPO, verdict.load_evaluations(tmp_path))
+    assert row["per seed"] == "+0.100 +0.100 +0.100" and 0 < row["high"] - row["low"] < 1e-12
+    assert row["McNemar p"] < 1e-8 and row["verdict"] == "not separated"
+
+
+def test_mcnemar_must_agree_on_the_side_the_interval_puts_ahead(tmp_path):
+    # 100 problems x 2 samples. Agon is right on the second sample of 60 problems (pass@1 0.30), GRPO-2N on
+    # the first sample of 20, 22, 18 (0.10, 0.11, 0.09): the interval puts Agon ahead, but on each problem's
+    # first sample, which McNemar reads, only GRPO-2N is ever right.
+    for seed, g in enumerate((20, 22, 18)):
+        write_eval(tmp_path, "agon", seed, {"cascade_AB": ([0, 1] * 60 + [0, 0] * 40, [30.0] * 200)})
+        write_eval(tmp_path, "grpo_2n", seed, {"grpo": ([1, 0] * g + [0, 0] * (100 - g), [40.0] * 200)},
+                   mode="grpo")
+        for run, system in (("agon", "cascade_AB"), ("grpo_2n", "grpo")):
+            path = tmp_path / (run if seed == 0 else f"{run}-seed{seed}") / "final_eval.json"
+            result = json.loads(path.read_text())
+            result[system].update({"n_problems": 100, "n_samples": 2})
+            path.write_text(json.dumps(result))
+    row = verdict.ordering_row(AGON_ABOVE_GRPO, verdict.load_evaluations(tmp_path))
+    assert row["low"] > 0 and (row["first only"], row["second only"]) == (0, 60) and row["McNemar p"] < 1e-8
     assert row["verdict"] == "not separated"
 
 

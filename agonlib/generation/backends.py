@@ -211,7 +211,7 @@ def standalone_engine(config, dtype: torch.dtype, device: torch.device | None = 
     kwargs = dict(
         model=config.model, dtype=str(dtype).removeprefix("torch."), seed=config.seed,
         enable_lora=True, max_loras=2, max_lora_rank=vllm_lora_rank(config.lora_r),
-        max_model_len=config.max_prompt_tokens + config.max_new_tokens,
+        max_model_len=config.max_sequence_tokens,  # the challenger's cap may be the larger
         gpu_memory_utilization=gpu_setting(config, "vllm_gpu_memory_utilization"),
         enable_prefix_caching=True,  # N drafts share one prompt
     )

@@ -26,9 +26,10 @@ part of any sampling seed). The cascade's second stage draws from its own
 seeds: pairing is by problem, not by shared random numbers.
 
 The verdict is ``holds`` when the interval lies wholly on the paper's side of
-zero — and, for pass@1, McNemar agrees (p < 0.05) — ``reversed`` when both say
-the other side, and ``not separated`` otherwise, also when the interval has no
-width to judge (identical differences). Two seeds give t = 12.7 and so almost
+zero — and, for pass@1, McNemar agrees (p < 0.05, with more problems right only
+in the system the interval puts ahead) — ``reversed`` when both say the other
+side, and ``not separated`` otherwise, also when the interval has no width to
+judge (identical differences, up to float rounding). Two seeds give t = 12.7 and so almost
 never separate; one seed's interval measures evaluation noise only, not the
 spread between training seeds (the ``interval`` column says which, and such a
 verdict carries "(1 seed)"). Eleven
@@ -82,6 +83,8 @@ ORDERINGS = (
     Ordering("Agon's final stage shorter than GRPO's", AGON, GRPO, "final_len", "lower"),
 )
 
+#: An interval narrower than this (relative to its bounds) has no width: its seeds agree but for float rounding.
+WIDTH_TOLERANCE = 1e-9
 COLUMNS = ["claim", "measure", "first", "second", "seeds", "per seed", "difference", "low", "high", "interval",
            "problems", "first only", "second only", "McNemar p", "verdict"]
 ALPHA = 0.05
@@ -136,9 +139,11 @@ def judge(low: float, high: float, expect: str) -> str:
     ('holds', 'reversed', 'not separated')
     >>> judge(-30.0, -5.0, "lower")
     'holds'
+    >>> judge(0.1 - 1e-16, 0.1 + 1e-16, "higher")  # seeds equal but for float rounding: no width to judge
+    'not separated'
     """
-    if low != low or high != high or not low < high:  # no interval, or none with a width to judge
-        return "not separated"
+    if math.isnan(low) or math.isnan(high) or not high - low > WIDTH_TOLERANCE * max(1.0, abs(low), abs(high)):
+        return "not separated"  # no interval, or none with a width to judge
     above, below = low > 0, high < 0
     if (above and expect == "higher") or (below and expect == "lower"):
         return "holds"
@@ -195,7 +200,8 @@ def _judged(ordering: Ordering, per_seed: list[float], problems: int, counts: tu
     if counts is not None:
         p = mcnemar_exact(*counts)
         row.update({"first only": counts[0], "second only": counts[1], "McNemar p": p})
-        if p >= ALPHA:
+        # McNemar must agree, on the interval's side: more problems right in the first only when it is above.
+        if p >= ALPHA or (counts[0] > counts[1]) != (low > 0):
             word = "not separated"
     # One seed's interval holds evaluation noise only: a second training seed can move a cell by more.
     row["verdict"] = word if len(per_seed) > 1 else f"{word} (1 seed)"

@@ -44,7 +44,7 @@ import torch
 
 from . import metrics, prompts
 from .generation import GenerationStats, Rollout, SamplingParams, generate, sample_seed
-from .generation.backends import logprob_mismatch
+from .generation.backends import engine_importance_weights, logprob_mismatch
 from .grading import grade_code, grade_math_batch
 from .grpo import batch_logprobs, build_batch, group_advantages, grpo_update
 from .metrics import bit, leaks, same_length
@@ -262,13 +262,14 @@ def update_role(policies, adapter: str, rollouts, parts, group: int, optimizer, 
         with torch.no_grad(), policies.use(None):
             batch.ref_logp = batch_logprobs(policies.model, batch, config.temperature,
                                             update_cfg.rows_per_micro_batch(*batch.input_ids.shape))
+    weighted = engine_importance_weights(policies, adapter, batch, rollouts, config, update_cfg)  # grpo.py, 11
     with policies.use(adapter):
         policies.model.train()
         stats = grpo_update(policies.model, batch, policies.params(adapter), optimizer, update_cfg,
                             sync=dp.sync_grads, scaler=scaler)
         policies.model.eval()
     out = {"loss": stats.loss, "grad_norm": stats.grad_norm, "clip_frac": stats.clip_region,
-           "skipped_zero_adv": 0, "skipped_nonfinite": stats.num_skipped}
+           "skipped_zero_adv": 0, "skipped_nonfinite": stats.num_skipped, **weighted}
     if stats.kl is not None:
         out["kl"] = stats.kl
     return out

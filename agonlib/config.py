@@ -125,6 +125,13 @@ class Config:
     # Padded tokens (rows x sequence length) per forward/backward micro-batch; None: rows only. Caps the
     # activation memory of long sequences (the challenger's prompts carry the rival's summary).
     micro_batch_tokens: int | None = None
+    # TRL's vLLM importance-sampling correction: where vLLM generated the rollouts, each sequence's (or
+    # token's) policy loss is weighted by exp(training − vLLM log-prob), masked or clipped outside
+    # [clip_min, clip_max] (agonlib.grpo.importance_weights). Off here, on in TRL: agonlib/grpo.py, item 11.
+    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_mode: str = "sequence_mask"  # or sequence_truncate, token_mask, token_truncate
+    vllm_importance_sampling_clip_min: float | None = None
+    vllm_importance_sampling_clip_max: float | None = 3.0
 
     # --- data ----------------------------------------------------------------
     dataset: str = "synthetic"  # synthetic | deepmath | code_handwritten | codecontests
@@ -163,6 +170,7 @@ class Config:
             "decode_forward": ("auto", "fast", "transformers"),
             "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
             "scale_rewards": ("group", "batch", "none"),
+            "vllm_importance_sampling_mode": ("sequence_mask", "sequence_truncate", "token_mask", "token_truncate"),
             "dataset": ("synthetic", "deepmath", "code_handwritten", "codecontests"),
         }
         for key, allowed in choices.items():
@@ -208,6 +216,11 @@ class Config:
             raise ConfigError(f"micro_batch_tokens must be at least 1 (or null: no token cap), got {self.micro_batch_tokens}.")
         if self.max_prompt_tokens < 16:
             raise ConfigError(f"max_prompt_tokens must be at least 16, got {self.max_prompt_tokens}.")
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if (low is not None and low < 0) or (high is not None and high <= 0) or (None not in (low, high)
+                                                                                  and low >= high):
+            raise ConfigError("vllm_importance_sampling_clip_min/max must satisfy 0 <= min < max (either may be "
+                              f"null), got {low} and {high}.")
         if self.epsilon_high is not None and self.epsilon_high < 0:
             raise ConfigError(f"epsilon_high must be >= 0 (or null for epsilon), got {self.epsilon_high}.")
         if not (self.lora_targets == "all-linear" or (isinstance(self.lora_targets, list)

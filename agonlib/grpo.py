@@ -44,13 +44,20 @@ Where this module departs from DESIGN.md §2, or from TRL, and what we follow:
    gradient. Same loss and gradient as one row at a time up to float rounding (tests/test_shared_prefix.py).
 10. Not reproduced (all off by default in TRL): sequence-level importance sampling, two-sided `delta`
    clipping, entropy masking and bonus, off-policy sequence masking, and the cispo/sapo/luspo/vespo losses.
-11. Not reproduced, and **on** by default in TRL 1.15: the vLLM importance-sampling correction
-   (`vllm_importance_sampling_correction=True`, mode `sequence_mask`, upper bound 3). Where vLLM
-   generates, TRL weights each sequence's policy loss by exp(Σ train − vLLM log-prob of its tokens) and
-   drops the sequences whose weight exceeds 3. agonlib trains every sequence at weight 1 and logs the
-   gap instead (`<role>/logprob_mismatch_*`, `agonlib.generation.backends.logprob_mismatch`). Only runs
-   whose rollouts come from vLLM (colab/paper with `generation_engine: auto` on a GPU) differ from TRL
-   here; with transformers or the fast decoder TRL applies no correction either.
+11. TRL's vLLM importance-sampling correction (`vllm_importance_sampling_correction`, mode `sequence_mask`,
+   upper bound 3) is available (:func:`importance_weights`; the config keys of the same names) but **off by
+   default**, where TRL 1.15 turns it on. Where vLLM generates, it weights each sequence's surrogate by
+   exp(Σ train − vLLM log-prob of its tokens) and drops sequences above the bound. TRL reads vLLM's
+   `processed_logprobs`, which with top-k/top-p are renormalised over the kept tokens while the training
+   log-probs are not: each token's log-ratio is then the log of its kept mass, and a sequence's weight
+   the product — about e^-40 for a 4,000-token trace keeping 0.99 a token — so under the colab/paper
+   sampling (top_k 20, top_p 0.95, long thinking traces) long sequences would all but stop training. Our
+   standalone engine returns `raw_logprobs`; turned on, the weights compare training and engine in the
+   engine's own definition (temperature 1 for raw, the sampling temperature for processed, as
+   `agonlib.generation.backends.logprob_mismatch` does): equal to TRL's where the engine returns
+   processed log-probs, a pure numerical-mismatch ratio where it returns raw ones. Off, every sequence
+   trains at weight 1 and the gap is logged (`<role>/logprob_mismatch_*`). Only vLLM rollouts carry
+   log-probs: with transformers or the fast decoder the setting changes nothing, as in TRL.
 """
 
 from __future__ import annotations
@@ -249,12 +256,14 @@ def grpo_loss(
     num_items_in_batch: torch.Tensor | int | None = None,
     num_sequences: int | None = None,
     kl_ratio_correction: bool = True,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Clipped GRPO surrogate (+ beta * k3 KL), aggregated by `loss_type`. Tensors are (B, Tc); advantages (B,).
 
     `old_logp=None` means on-policy: the ratio is exp(logp - logp.detach()), as in TRL. For a slice of a
     larger batch pass the whole batch's `num_sequences` (grpo, dr_grpo) and `num_items_in_batch` (active
-    tokens; bnpo, dapo): the slices' losses then sum to the whole batch's loss.
+    tokens; bnpo, dapo): the slices' losses then sum to the whole batch's loss. `is_weights` ((B, 1) or
+    (B, Tc), from :func:`importance_weights`) multiply the surrogate, not the KL term, as TRL does.
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}.")
@@ -268,6 +277,8 @@ def grpo_loss(
     ratio = torch.exp(logp - old)  # (B, Tc)
     clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
     per_token = -torch.min(ratio * adv, clipped * adv)  # (B, Tc)
+    if is_weights is not None:  # vLLM's rollouts: TRL's importance-sampling correction (item 11)
+        per_token = per_token * is_weights
     kl = None
     if ref_logp is not None:
         d = ref_logp - logp
@@ -302,6 +313,34 @@ def grpo_loss(
     return loss, stats
 
 
+def importance_weights(train_logp: torch.Tensor, sampling_logp: torch.Tensor, completion_mask: torch.Tensor,
+                       mode: str = "sequence_mask", clip_min: float | None = None,
+                       clip_max: float | None = 3.0) -> torch.Tensor:
+    """TRL's vLLM importance-sampling weights: how much likelier the trained policy finds each sampled
+    sequence (or token) than the engine that sampled it did. Tensors are (B, Tc).
+
+    The log-ratio is ``train − sampling`` over the completion's tokens (a token the engine gave no
+    log-prob for counts 0). ``sequence_*`` modes sum it over the sequence, giving (B, 1); ``token_*``
+    keep (B, Tc). ``*_truncate`` clamps the ratio to [clip_min, clip_max]; ``*_mask`` sets it to 0
+    outside. ``train_logp`` is the policy's log-prob at sampling time, at the sampling temperature.
+
+    >>> train, vllm = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]]), torch.tensor([[-1.5, -1.0], [-2.0, -2.0]])
+    >>> importance_weights(train, vllm, torch.ones(2, 2)).squeeze(1)  # e^0.5 kept, e^2 > 3 masked
+    tensor([1.6487, 0.0000])
+    """
+    if mode not in ("sequence_mask", "sequence_truncate", "token_mask", "token_truncate"):
+        raise ValueError(f"unknown importance-sampling mode {mode!r}.")
+    diff = torch.nan_to_num((train_logp.float() - sampling_logp.float()) * completion_mask, nan=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode.endswith("truncate"):
+        return ratio if clip_min is None and clip_max is None else torch.clamp(ratio, min=clip_min, max=clip_max)
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
 # --------------------------------------------------------------------------- update
 
 
@@ -315,6 +354,10 @@ class GRPOBatch:
     advantages: torch.Tensor  # (B,)
     ref_logp: torch.Tensor | None = None  # (B, Tc) under the base (adapters disabled); needed when beta > 0
     old_logp: torch.Tensor | None = None  # (B, Tc) at sampling time; computed by grpo_update if needed
+    # The generator's own log-probs of the sampled tokens (vLLM; NaN where it gave none), and the weights
+    # agon.update_role makes of them (importance_weights): (B, 1) per sequence or (B, Tc) per token.
+    sampling_logp: torch.Tensor | None = None  # (B, Tc)
+    is_weights: torch.Tensor | None = None
     # Denominators of the whole role batch when this batch holds only part of it (the trainer drops
     # sequences whose advantage is 0: with beta = 0 they add exactly 0 to the loss and the gradient).
     num_sequences: int | None = None  # grpo, dr_grpo; None = B
@@ -345,10 +388,12 @@ class GRPOBatch:
             )
         if self.advantages.shape != (B,):
             raise ValueError(f"advantages must be ({B},), one per sequence; got {tuple(self.advantages.shape)}.")
-        for name in ("ref_logp", "old_logp"):
+        for name in ("ref_logp", "old_logp", "sampling_logp"):
             t = getattr(self, name)
             if t is not None and t.shape != (B, Tc):
                 raise ValueError(f"{name} must be ({B}, {Tc}) like completion_mask; got {tuple(t.shape)}.")
+        if self.is_weights is not None and self.is_weights.shape not in ((B, 1), (B, Tc)):
+            raise ValueError(f"is_weights must be ({B}, 1) or ({B}, {Tc}); got {tuple(self.is_weights.shape)}.")
         if (self.prefixes is None) != (self.group_sizes is None) or (
                 self.prefixes is not None and (len(self.prefixes) != len(self.group_sizes) or sum(self.group_sizes) != B)):
             raise ValueError(f"prefixes and group_sizes must come together, one prefix per group, groups summing to {B} rows.")
@@ -383,13 +428,21 @@ def build_batch(rollouts, advantages: torch.Tensor, pad_id: int, device, share_p
         input_ids[i, Tp - len(p) : Tp] = torch.tensor(p)
         input_ids[i, Tp : Tp + c] = torch.tensor(r.completion_ids)
         attention[i, Tp - len(p) : Tp + c] = 1
+    sampling = None
+    if any("gen_logprobs" in r.extra for r in rollouts):  # the generator's log-probs, row by row (vLLM)
+        sampling = torch.full((B, Tc), math.nan)
+        for i, r in enumerate(rollouts):
+            values = r.extra.get("gen_logprobs", [])[:Tc]
+            sampling[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+        sampling = sampling.to(device)
     prefixes = sizes = None
     if share_prefix:
         sizes = [group.count(g) for g in range(len(shared))]
         prefixes = [torch.tensor(prompts[group.index(g)][:n], dtype=torch.long, device=device)
                     for g, n in enumerate(shared)]
+    # (B, Tp+Tc), (B, Tp+Tc), (B, Tc), (B,)
     return GRPOBatch(input_ids.to(device), attention.to(device), attention[:, Tp:].to(device), advantages.to(device),
-                     prefixes=prefixes, group_sizes=sizes)  # (B, Tp+Tc), (B, Tp+Tc), (B, Tc), (B,)
+                     sampling_logp=sampling, prefixes=prefixes, group_sizes=sizes)
 
 
 def batch_logprobs(model, batch: GRPOBatch, temperature: float, rows: int | None = None) -> torch.Tensor:
@@ -515,6 +568,7 @@ def grpo_update(
                     batch.completion_mask[sl], beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
                     loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length,
                     num_items_in_batch=n_items, num_sequences=n_seqs, kl_ratio_correction=cfg.kl_ratio_correction,
+                    is_weights=None if batch.is_weights is None else batch.is_weights[sl],
                 )
                 if not torch.isfinite(loss):
                     finite = False

@@ -42,7 +42,7 @@ def _random_batch(seed=0, B=6, Tc=7):
 
 
 def _trl_loss(logp, old, ref, adv, mask, *, loss_type, beta, epsilon, epsilon_high, max_completion_length,
-              kl_ratio_correction):
+              kl_ratio_correction, is_ratio=None):
     """TRL's `_compute_loss` on one process, one accumulation step; returns (loss, logp.grad, metrics)."""
     from trl import GRPOTrainer
 
@@ -66,8 +66,8 @@ def _trl_loss(logp, old, ref, adv, mask, *, loss_type, beta, epsilon, epsilon_hi
         loss_type=loss_type,
         epsilon_low=epsilon,
         epsilon_high=epsilon if epsilon_high is None else epsilon_high,  # as GRPOTrainer.__init__ sets it
-        use_vllm=False,
-        vllm_importance_sampling_correction=False,
+        use_vllm=is_ratio is not None,  # with vLLM, TRL weights the surrogate by its importance ratio
+        vllm_importance_sampling_correction=is_ratio is not None,
         max_completion_length=max_completion_length,
         current_gradient_accumulation_steps=1,
         _entropy_bonus_enabled=False,
@@ -90,6 +90,8 @@ def _trl_loss(logp, old, ref, adv, mask, *, loss_type, beta, epsilon, epsilon_hi
         inputs["old_per_token_logps"] = old
     if beta != 0.0:
         inputs["ref_per_token_logps"] = ref
+    if is_ratio is not None:
+        inputs["importance_sampling_ratio"] = is_ratio
     loss = GRPOTrainer._compute_loss(stand_in, None, inputs)
     loss.backward()
     return loss.detach(), logp.grad, {k: v[-1] for k, v in metrics["train"].items()}
@@ -127,6 +129,65 @@ def test_loss_matches_trl(loss_type, beta, kl_ratio_correction, epsilon_high, of
         assert stats.kl == pytest.approx(trl_metrics["kl"], abs=1e-6)
     if off_policy:
         assert stats.clip_region > 0  # the case exercises clipping
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("per", ["sequence", "token"])
+@pytest.mark.parametrize("beta", [0.0, 0.04])  # TRL weights the surrogate, not the KL term
+def test_loss_with_importance_weights_matches_trl(loss_type, per, beta):
+    logp, old, ref, adv, mask = _random_batch(seed=3)
+    g = torch.Generator().manual_seed(4)
+    weights = torch.rand(logp.size(0), 1 if per == "sequence" else logp.size(1), generator=g) * 2
+    weights[1] = 0.0  # a masked sequence (or a row of masked tokens)
+    kw = dict(loss_type=loss_type, beta=beta, epsilon=0.2, epsilon_high=0.28, max_completion_length=10,
+              kl_ratio_correction=True)
+    trl_loss, trl_grad, _ = _trl_loss(logp, old, ref, adv, mask, is_ratio=weights, **kw)
+    ours_logp = logp.clone().requires_grad_(True)
+    loss, _ = grpo_loss(ours_logp, old, ref if beta else None, adv, mask, is_weights=weights, **kw)
+    loss.backward()
+    assert torch.allclose(loss, trl_loss, rtol=0, atol=1e-6), (loss.item(), trl_loss.item())
+    assert torch.allclose(ours_logp.grad, trl_grad, rtol=0, atol=1e-6)
+    unweighted, _ = grpo_loss(logp, old, ref if beta else None, adv, mask, **kw)
+    assert not torch.allclose(loss, unweighted)  # the weights did something
+
+
+def test_importance_weights_in_trls_four_modes():
+    # two sequences of three tokens, the last of the second padding; the engine gave no log-prob for
+    # the first sequence's middle token (NaN: counts 0)
+    train = torch.tensor([[-1.0, -2.0, -1.0], [-1.0, -1.0, -5.0]])
+    engine = torch.tensor([[-1.5, math.nan, -1.2], [-2.0, -1.5, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    # log-ratios per token: [0.5, 0, 0.2] and [1.0, 0.5, (padding)]; per sequence 0.7 and 1.5
+    seq = torch.tensor([[math.exp(0.7)], [math.exp(1.5)]])  # 2.01 and 4.48
+    tok = torch.tensor([[math.exp(0.5), 1.0, math.exp(0.2)], [math.exp(1.0), math.exp(0.5), 1.0]])
+    weights = lambda mode, **kw: grpo.importance_weights(train, engine, mask, mode, **kw)  # noqa: E731
+    assert torch.allclose(weights("sequence_mask"), torch.tensor([[math.exp(0.7)], [0.0]]))  # 4.48 > 3
+    assert torch.allclose(weights("sequence_truncate"), torch.tensor([[math.exp(0.7)], [3.0]]))
+    assert torch.allclose(weights("token_mask"), tok.masked_fill(tok > 3, 0.0))  # e^1 = 2.72 stays
+    assert torch.allclose(weights("token_truncate", clip_min=1.5), tok.clamp(min=1.5, max=3.0))
+    assert torch.allclose(weights("sequence_mask", clip_min=2.1, clip_max=None), torch.tensor([[0.0], [seq[1, 0]]]))
+    assert torch.allclose(weights("sequence_truncate", clip_max=None), seq)
+    with pytest.raises(ValueError, match="importance-sampling mode"):
+        weights("sequence")
+
+
+def test_build_batch_keeps_each_rows_engine_logprobs_through_the_reordering():
+    from agonlib.generation import Rollout
+
+    prompts = [[1, 2, 3, 9], [1, 2, 3, 8, 8], [1, 2, 3, 9]]  # reordered: by prompt, then by length
+    rows = [Rollout(prompt="", prompt_ids=p, completion_ids=list(range(10 + i, 10 + i + n)), text="", think="",
+                    summary="", answer=None, length=n, truncated=False, seed=0,
+                    extra={"gen_logprobs": [-float(i + 1)] * n})
+            for i, (p, n) in enumerate(zip(prompts, (3, 2, 1)))]
+    batch = grpo.build_batch(rows, torch.tensor([0.5, -0.5, 1.0]), 0, "cpu", share_prefix=True)
+    assert batch.sampling_logp.shape == (3, 3)
+    for ids, lp, m in zip(batch.input_ids[:, -3:].tolist(), batch.sampling_logp.tolist(),
+                          batch.completion_mask.tolist()):
+        i = ids[0] - 10  # completions start at 10 + the row's index
+        assert [v for v, k in zip(lp, m) if k] == [-float(i + 1)] * sum(m)
+        assert all(math.isnan(v) for v, k in zip(lp, m) if not k)
+    plain = [Rollout(**{**vars(r), "extra": {}}) for r in rows]
+    assert grpo.build_batch(plain, torch.zeros(3), 0, "cpu").sampling_logp is None  # no engine log-probs
 
 
 def test_slices_sum_to_the_whole_batch_loss():
@@ -558,3 +619,53 @@ def test_dropping_zero_advantage_sequences_keeps_the_update(loss_type):
     for p, q in zip(a.parameters(), b.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-7) and torch.allclose(p, q, atol=1e-7)
     assert s_b.loss == pytest.approx(s_a.loss, abs=1e-7)
+
+
+def _engine_rollouts(policies, offsets):
+    """Four sampled rollouts whose 'engine' log-probs are the training ones (temperature 1) plus ``offsets``."""
+    from agonlib.generation import SamplingParams, generate
+
+    rollouts = generate(policies, ["Add 2 and 3."] * 4, "A", [0, 1, 2, 3], SamplingParams(max_new_tokens=6),
+                        progress=False)
+    batch = grpo.build_batch(rollouts, torch.zeros(4), policies.tokenizer.pad_token_id, "cpu")
+    with torch.no_grad(), policies.use("A"):
+        train = grpo.batch_logprobs(policies.model, batch, 1.0)
+    for r, lp, m, off in zip(rollouts, train, batch.completion_mask, offsets):
+        r.extra.update(gen_logprobs=(lp[m.bool()] + off).tolist(), logprobs_mode="raw_logprobs")
+    return rollouts
+
+
+@pytest.mark.parametrize("correction", [False, True])
+def test_update_role_weights_vllm_rollouts_only_when_asked(smoke_policies_scratch, correction):
+    # Two groups of two. The engine found the first group's rows far less likely than training does (a
+    # ratio of e^(tokens) > 3: masked when the correction is on) and scored the second group's alike (1).
+    from agonlib.agon import RewardParts, update_role
+    from agonlib.distributed import SingleProcess
+
+    policies = smoke_policies_scratch
+    config = policies.config.replace(vllm_importance_sampling_correction=correction, temperature=1.0)
+    rollouts = _engine_rollouts(policies, offsets=[-1.0, -1.0, 0.0, 0.0])
+    assert all(len(r.completion_ids) >= 2 for r in rollouts[:2])  # e^2 > 3: both masked
+    cfg = UpdateConfig(max_grad_norm=None, share_prefix=False)
+    start = [p.detach().clone() for p in policies.params("A")]
+
+    def moved(rewards, cfg_config):
+        for p, b in zip(policies.params("A"), start):
+            p.data.copy_(b)
+        parts = [RewardParts(correct=c, total=c) for c in rewards]
+        stats = update_role(policies, "A", rollouts, parts, 2, torch.optim.SGD(policies.params("A"), lr=1.0), cfg,
+                            cfg_config, SingleProcess())
+        return stats, [p.detach() - b for p, b in zip(policies.params("A"), start)]
+
+    stats, update = moved((1.0, 0.0, 1.0, 0.0), config)
+    assert any(u.abs().max() > 0 for u in update)
+    if not correction:
+        assert "is_weight_mean" not in stats
+        return
+    assert stats["is_zeroed_frac"] == 0.5 and stats["is_weight_mean"] == pytest.approx(0.5, abs=1e-4)
+    # The same update as when the first group has nothing to learn (equal rewards: advantage 0, row left out)
+    # and the second group trains at weight 1, over the same 4 sequences.
+    _, expected = moved((1.0, 1.0, 1.0, 0.0), config.replace(vllm_importance_sampling_correction=False))
+    assert all(torch.allclose(u, e, atol=1e-6) for u, e in zip(update, expected))
+    _, unweighted = moved((1.0, 0.0, 1.0, 0.0), config.replace(vllm_importance_sampling_correction=False))
+    assert not all(torch.allclose(u, e, atol=1e-6) for u, e in zip(unweighted, expected))

@@ -27,6 +27,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: `make tes
 import agonlib  # noqa: E402
 from agonlib import agon  # noqa: E402
 from agonlib.generation.backends import VLLMBackend, logprob_mismatch  # noqa: E402
+from agonlib.grpo import batch_logprobs, build_batch, importance_weights  # noqa: E402
 from agonlib.generation import SamplingParams, generate  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -153,6 +154,25 @@ def test_training_logprobs_match_vllm_sampling_logprobs(policies, backend, adapt
     assert own["logprob_mismatch_tokens"] == sum(r.length for r in rollouts) > 0
     assert own["logprob_mismatch_abs_mean"] <= MISMATCH_TOL, own
     assert wrong["logprob_mismatch_abs_mean"] > 10 * max(own["logprob_mismatch_abs_mean"], 1e-6)  # a stale adapter shows
+
+
+def test_importance_weights_of_the_engines_own_rollouts_are_one(policies, backend):
+    # TRL's vLLM correction (off by default here, agonlib/grpo.py item 11): the real engine's log-probs, laid
+    # out by build_batch beside the training model's, give every sequence a weight of 1 up to float32
+    # rounding; read with the other adapter's log-probs, the same rollouts are far from 1.
+    _perturb(policies, "A", 13)
+    _perturb(policies, "B", 14)
+    rollouts = backend.generate(PROMPTS * 2, "A", list(range(8)), SAMPLED, progress=False)
+    batch = build_batch(rollouts, torch.zeros(len(rollouts)), policies.tokenizer.pad_token_id, "cpu")
+    assert batch.sampling_logp is not None and rollouts[0].extra["logprobs_mode"] == "raw_logprobs"
+    weights = {}
+    for adapter in ("A", "B"):
+        with torch.no_grad(), policies.use(adapter):
+            train = batch_logprobs(policies.model, batch, 1.0)  # raw log-probs: temperature 1
+        weights[adapter] = importance_weights(train, batch.sampling_logp, batch.completion_mask,
+                                              "sequence_truncate", clip_max=None)
+    assert torch.allclose(weights["A"], torch.ones_like(weights["A"]), atol=1e-2), weights["A"]
+    assert (weights["B"] - 1).abs().max() > 0.5
 
 
 def test_base_rows_never_share_a_call_with_adapter_rows(policies, backend, monkeypatch):

@@ -82,7 +82,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..grpo import build_batch, completion_logprobs
+from ..grpo import batch_logprobs, build_batch, completion_logprobs, importance_weights
 from ..models import SMOLLM2, TINY_QWEN3, data_parallel_world, gpu_setting, vllm_lora_rank
 from .layout import cut_left, distinct
 from .rollouts import GenerationStats, Rollout, SamplingParams, Settings, generate
@@ -424,3 +424,27 @@ def select_backend(config, policies, name: str | None = None):
         return VLLMBackend(policies)
     log.info("Rollouts through transformers: %s", problem.split(", and")[0])
     return TransformersBackend(policies)
+
+
+def engine_importance_weights(policies, adapter: str, batch, rollouts: list[Rollout], config, update_cfg) -> dict:
+    """TRL's vLLM importance-sampling correction (``agonlib.grpo``, item 11): set ``batch.is_weights``.
+
+    Only where ``config.vllm_importance_sampling_correction`` is on and the rollouts carry the engine's
+    log-probs (``batch.sampling_logp``); otherwise ``{}`` and the batch is left as it is. The training
+    log-probs are taken in the engine's own definition, as in :func:`logprob_mismatch`: temperature 1
+    for ``raw_logprobs``, the sampling temperature for ``processed_logprobs``. Returns what to log: the
+    mean weight and the share the mask zeroed (of sequences, or of tokens in the ``token_*`` modes).
+    """
+    if not config.vllm_importance_sampling_correction or batch.sampling_logp is None:
+        return {}
+    mode = next((r.extra["logprobs_mode"] for r in rollouts if "logprobs_mode" in r.extra), "raw_logprobs")
+    temperature = 1.0 if mode.startswith("raw") else config.temperature
+    with torch.no_grad(), policies.use(adapter):
+        train = batch_logprobs(policies.model, batch, temperature,
+                               update_cfg.rows_per_micro_batch(*batch.input_ids.shape))
+    batch.is_weights = importance_weights(train, batch.sampling_logp, batch.completion_mask,
+                                          config.vllm_importance_sampling_mode,
+                                          config.vllm_importance_sampling_clip_min,
+                                          config.vllm_importance_sampling_clip_max)
+    w = batch.is_weights if batch.is_weights.size(1) == 1 else batch.is_weights[batch.completion_mask.bool()]
+    return {"is_weight_mean": w.float().mean().item(), "is_zeroed_frac": w.eq(0).float().mean().item()}

@@ -322,7 +322,8 @@ def importance_weights(train_logp: torch.Tensor, sampling_logp: torch.Tensor, co
     The log-ratio is ``train − sampling`` over the completion's tokens (a token the engine gave no
     log-prob for counts 0). ``sequence_*`` modes sum it over the sequence, giving (B, 1); ``token_*``
     keep (B, Tc). ``*_truncate`` clamps the ratio to [clip_min, clip_max]; ``*_mask`` sets it to 0
-    outside. ``train_logp`` is the policy's log-prob at sampling time, at the sampling temperature.
+    outside. ``train_logp`` is the policy's log-prob at sampling time, in the definition of
+    ``sampling_logp`` (TRL: both at the sampling temperature).
 
     >>> train, vllm = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]]), torch.tensor([[-1.5, -1.0], [-2.0, -2.0]])
     >>> importance_weights(train, vllm, torch.ones(2, 2)).squeeze(1)  # e^0.5 kept, e^2 > 3 masked
@@ -355,7 +356,7 @@ class GRPOBatch:
     ref_logp: torch.Tensor | None = None  # (B, Tc) under the base (adapters disabled); needed when beta > 0
     old_logp: torch.Tensor | None = None  # (B, Tc) at sampling time; computed by grpo_update if needed
     # The generator's own log-probs of the sampled tokens (vLLM; NaN where it gave none), and the weights
-    # agon.update_role makes of them (importance_weights): (B, 1) per sequence or (B, Tc) per token.
+    # update_role makes of them (generation.backends.engine_importance_weights): (B, 1) or (B, Tc).
     sampling_logp: torch.Tensor | None = None  # (B, Tc)
     is_weights: torch.Tensor | None = None
     # Denominators of the whole role batch when this batch holds only part of it (the trainer drops

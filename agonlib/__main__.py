@@ -118,8 +118,9 @@ def cmd_solve(args) -> int:
     draft = generate(policies, [render(prompts.draft_prompt(args.problem, config.task))], first,
                      [sample_seed(args.seed, 0, 0, 0, "solve/draft")], progress=False)[0]
     summary = prompts.challenge_summary(draft.summary, args.problem, config)
-    final = generate(policies, [render(prompts.challenge_prompt(args.problem, summary, config.reward,
-                                                                config.task))], second,
+    [text], _ = prompts.challenge_texts(policies.tokenizer, [args.problem], [summary], config.reward, config.task,
+                                        config.thinking, config.max_prompt_tokens)
+    final = generate(policies, [text], second,
                      [sample_seed(args.seed, 0, 0, 0, "solve/final")], progress=False)[0]
     print(_block(f"draft summary ({first})", summary))
     print(_block(f"final solution ({second})", final.text))

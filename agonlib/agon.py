@@ -217,10 +217,9 @@ def play_round(policies, problems: list[dict], step: int, config=None, *, progre
         return rnd
 
     rnd.summaries = [prompts.challenge_summary(d.summary, p["question"], config) for d, p in zip(drafts, paired)]
-    if config.exchange:
-        challenge_text = [
-            prompts.render(tok, prompts.challenge_prompt(p["question"], s, config.reward, task), thinking)
-            for p, s in zip(paired, rnd.summaries)]
+    if config.exchange:  # the summaries as shown: a prompt over the budget drops the start of its summary
+        challenge_text, rnd.summaries = prompts.challenge_texts(tok, [p["question"] for p in paired], rnd.summaries,
+                                                                config.reward, task, thinking, config.max_prompt_tokens)
     else:  # rival hidden: the challenger sees exactly the drafter's prompt
         challenge_text = [draft_text[i // G] for i in range(len(drafts))]
     rnd.challenges = gen(challenge_text, challenger, seeds("challenge"),

@@ -191,8 +191,9 @@ def run_system(policies, problems: list[dict], system: str, config, *, samples: 
         spent = [d.length for d in drafts]
         summaries = [prompts.challenge_summary(d.summary, p["question"], config)
                      for p, d in zip(paired_problems, drafts)]
-        challenge_text = [_render(policies, config, prompts.challenge_prompt(p["question"], s, config.reward, task))
-                          for p, s in zip(paired_problems, summaries)]
+        challenge_text, _ = prompts.challenge_texts(policies.tokenizer, [p["question"] for p in paired_problems],
+                                                    summaries, config.reward, task, config.thinking,
+                                                    config.max_prompt_tokens)
         final = gen(challenge_text, second, seeds("second"), desc=f"eval {system}",
                     **{**opts, "params": SamplingParams.from_config(config, role="challenger")})
     else:  # moa: K base proposals (the first is the base's own sample), one base aggregator

@@ -113,9 +113,8 @@ def run_gate(config: Config, policies=None, *, progress: bool = True, examples: 
     challenger = SamplingParams.from_config(config, role="challenger")
     samples = []
     for condition in CONDITIONS:
-        text = draft_text if condition == "no_exchange" else [
-            render(prompts.challenge_prompt(p["question"], s, condition, task))
-            for p, s in zip(paired, summaries)]
+        text = draft_text if condition == "no_exchange" else prompts.challenge_texts(
+            tok, [p["question"] for p in paired], summaries, condition, task, thinking, config.max_prompt_tokens)[0]
         challenges = generate(policies, text, "B", seeds("challenge"), challenger,
                               desc=f"gate: challenges, {condition} (B)", **opts)
         correct = grade(challenges, paired, config)

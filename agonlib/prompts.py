@@ -4,13 +4,19 @@
 masked summary as a rival's attempt (competitive reward) or a teammate's
 (cooperative reward), then the instruction, then the problem; without exchange
 the challenger simply gets ``draft_prompt``. ``challenge_summary`` is the summary it reads (with
-``summary_mask: derived``, only the question's own numbers left). Prompts are chat messages; :func:`render`
-applies the model's chat template (Qwen3's ``enable_thinking`` switch included).
+``summary_mask: derived``, only the question's own numbers left); ``challenge_texts`` renders the
+challenge prompts within ``max_prompt_tokens``, dropping the start of a summary that does not fit rather
+than the system prompt. Prompts are chat messages; :func:`render` applies the model's chat template
+(Qwen3's ``enable_thinking`` switch included).
 """
 
 from __future__ import annotations
 
+import logging
+
 from .parsing import MASK, mask_derived_numbers
+
+log = logging.getLogger(__name__)
 
 MATH_SYSTEM = (
     "You are a careful math solver. Solve the problem step by step and end with "
@@ -80,6 +86,44 @@ def challenge_prompt(question: str, summary: str, reward: str = "competitive", t
         messages += [{"role": "user", "content": _challenge_turn(other, q, attempt, task)},
                      {"role": "assistant", "content": answer}]
     return [*messages, {"role": "user", "content": _challenge_turn(other, question, summary, task)}]
+
+
+#: What stands before a summary whose start was dropped to fit the prompt budget (:func:`challenge_texts`).
+OMITTED = "(the start of their work is omitted) … "
+
+
+def challenge_texts(tokenizer, questions: list[str], summaries: list[str], reward: str, task: str,
+                    thinking: bool, max_tokens: int) -> tuple[list[str], list[str]]:
+    """Every challenge prompt rendered, and the summary each shows, within ``max_tokens`` tokens.
+
+    A prompt over the budget keeps its opening, its worked turns, the instruction and the problem, and
+    drops the start of the rival's summary instead (marked with :data:`OMITTED`; its end, where the
+    attempt concludes, stays) — the generator would otherwise cut the prompt from the left, system
+    prompt first. A prompt too long even with an empty summary is left to that cut. Each trimmed
+    summary is counted in one warning.
+    """
+    count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    render_one = lambda q, s: render(tokenizer, challenge_prompt(q, s, reward, task), thinking)  # noqa: E731
+    texts, shown, trimmed = [], [], 0
+    for question, summary in zip(questions, summaries):
+        text = render_one(question, summary)
+        over = count(text) - max_tokens
+        if over > 0 and count(render_one(question, OMITTED)) <= max_tokens:
+            ids = tokenizer(summary, add_special_tokens=False)["input_ids"]
+            drop = over + count(OMITTED)
+            while True:  # a join can tokenise a little differently: drop a few more until it fits
+                summary = OMITTED + tokenizer.decode(ids[drop:]) if drop < len(ids) else OMITTED
+                text = render_one(question, summary)
+                if count(text) <= max_tokens or drop >= len(ids):
+                    break
+                drop += max(1, (count(text) - max_tokens))
+            trimmed += 1
+        texts.append(text)
+        shown.append(summary)
+    if trimmed:
+        log.warning("%d challenge prompt(s) over max_prompt_tokens=%d: the start of their summary was dropped "
+                    "to fit.", trimmed, max_tokens)
+    return texts, shown
 
 
 MOA_INTRO = (

@@ -48,10 +48,22 @@ class FakeGenerate:
                 for p, s in zip(prompt_texts, seeds)]
 
 
+class WordTokenizer:
+    """A chat template that writes the messages as JSON; a token is a whitespace-separated word."""
+
+    def apply_chat_template(self, messages, **kw):
+        return json.dumps(messages)
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": text.split()}
+
+    def decode(self, ids):
+        return " ".join(ids)
+
+
 @pytest.fixture
 def fake_policies():
-    tokenizer = SimpleNamespace(apply_chat_template=lambda messages, **kw: json.dumps(messages))
-    return SimpleNamespace(tokenizer=tokenizer)
+    return SimpleNamespace(tokenizer=WordTokenizer())
 
 
 def _problems():

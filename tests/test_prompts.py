@@ -45,3 +45,23 @@ def test_worked_challenges_teach_agreeing_and_disagreeing():
 def test_unknown_reward_is_an_error():
     with pytest.raises(ValueError, match="competitive"):
         prompts.challenge_prompt("q", "s", "friendly")
+
+
+def test_a_challenge_over_the_budget_drops_the_start_of_its_summary_not_the_system_prompt(smoke_policies):
+    tok = smoke_policies.tokenizer
+    count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    question = "Tom has 5 apples and eats 2. How many are left?"
+    steps = " ".join(f"Step {k}: {k} + {k} = {2 * k}." for k in range(1, 80))
+    summary = f"{steps} So the answer is {MASK}."
+    empty = count(prompts.render(tok, prompts.challenge_prompt(question, "", "competitive")))
+    budget = empty + 60  # room for about a tenth of the summary
+    [text, short], [shown, kept] = prompts.challenge_texts(tok, [question] * 2, [summary, "5 - 2 = 3."],
+                                                           "competitive", "math", False, budget)
+    assert count(text) <= budget and count(short) <= budget
+    assert prompts.MATH_SYSTEM in text and text.count(question) == 1  # opening and problem intact
+    assert shown.startswith(prompts.OMITTED) and shown.endswith(f"So the answer is {MASK}.")  # its end kept
+    assert shown[len(prompts.OMITTED):] in summary and len(shown) < len(summary) / 5
+    assert kept == "5 - 2 = 3." and short == prompts.render(tok, prompts.challenge_prompt(question, kept, "competitive"))
+    # a budget that not even an empty summary fits: left to the generator's cut from the left
+    [text], [shown] = prompts.challenge_texts(tok, [question], [summary], "competitive", "math", False, empty - 5)
+    assert shown == summary and count(text) > empty

@@ -297,6 +297,24 @@ def test_game_with_derived_mask_hides_the_gold_a_wrong_draft_reached(tiny, monke
     assert shown["derived"] == ("She has 10 - 4 = […] pens left. So she has 10 + […] = […] pens.", [False] * 4)
 
 
+def test_game_fits_a_long_summary_into_the_challenge_budget(tiny, monkeypatch, tmp_path):
+    problems = [{"id": 0, "question": "Ann has 4 apples and gets 5 more. How many?", "answer": "9"}]
+    steps = " ".join(f"Then {k} + {k} = {2 * k}." for k in range(1, 60))
+    draft = f"Ann has 4 apples. {steps} So 4 + 5 = 9.\n\\boxed{{9}}"
+    monkeypatch.setattr(agon, "grade", lambda rollouts, probs, config: [int(r.answer == "9") for r in rollouts])
+    cfg = _cfg(tmp_path)
+    empty = len(tiny.tokenizer(prompts.render(tiny.tokenizer, prompts.challenge_prompt(problems[0]["question"], "",
+                                                                                       cfg.reward, cfg.task)),
+                               add_special_tokens=False)["input_ids"])
+    cfg = cfg.replace(max_prompt_tokens=empty + 40)
+    backend = BoxedBackend(draft, "\\boxed{9}")
+    rnd = agon.play_round(tiny, problems, 1, cfg, progress=False, backend=backend)
+    for text, summary in zip(backend.calls[1]["prompts"], rnd.summaries):
+        assert len(tiny.tokenizer(text, add_special_tokens=False)["input_ids"]) <= cfg.max_prompt_tokens
+        assert prompts.MATH_SYSTEM in text and summary in text  # the opening kept; the summary as logged
+        assert summary.startswith(prompts.OMITTED) and summary.endswith("So 4 + 5 = […].")
+
+
 @pytest.mark.parametrize("eval_every,systems,expected", [
     # one cheap system on a small slice, plus the weight divergence (no generation needed)
     (2, ["A"], {"A/pass@1", "A_B_weight_divergence"}),

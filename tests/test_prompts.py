@@ -61,7 +61,8 @@ def test_a_challenge_over_the_budget_drops_the_start_of_its_summary_not_the_syst
     assert prompts.MATH_SYSTEM in text and text.count(question) == 1  # opening and problem intact
     assert shown.startswith(prompts.OMITTED) and shown.endswith(f"So the answer is {MASK}.")  # its end kept
     assert shown[len(prompts.OMITTED):] in summary and len(shown) < len(summary) / 5
-    assert kept == "5 - 2 = 3." and short == prompts.render(tok, prompts.challenge_prompt(question, kept, "competitive"))
+    assert kept == "5 - 2 = 3."  # a prompt within the budget is rendered as it always was
+    assert short == prompts.render(tok, prompts.challenge_prompt(question, kept, "competitive"))
     # a budget that not even an empty summary fits: left to the generator's cut from the left
     [text], [shown] = prompts.challenge_texts(tok, [question], [summary], "competitive", "math", False, empty - 5)
     assert shown == summary and count(text) > empty

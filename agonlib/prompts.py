@@ -114,9 +114,10 @@ def challenge_texts(tokenizer, questions: list[str], summaries: list[str], rewar
             while True:  # a join can tokenise a little differently: drop a few more until it fits
                 summary = OMITTED + tokenizer.decode(ids[drop:]) if drop < len(ids) else OMITTED
                 text = render_one(question, summary)
-                if count(text) <= max_tokens or drop >= len(ids):
+                over = count(text) - max_tokens
+                if over <= 0 or drop >= len(ids):
                     break
-                drop += max(1, (count(text) - max_tokens))
+                drop += over
             trimmed += 1
         texts.append(text)
         shown.append(summary)

@@ -369,6 +369,12 @@ def _sampled_logprob(entry, token: int) -> float:
 
 # --- generation vs training log-probs ---------------------------------------------------
 
+def _engine_temperature(rollouts: list[Rollout], temperature: float) -> float:
+    """The temperature the engine's log-probs are at: 1 for ``raw_logprobs``, the sampling one if processed."""
+    mode = next((r.extra["logprobs_mode"] for r in rollouts if "logprobs_mode" in r.extra), "raw_logprobs")
+    return 1.0 if mode.startswith("raw") else temperature
+
+
 def logprob_mismatch(policies, adapter: str, rollouts: list[Rollout], temperature: float,
                      micro_batch_size: int = 4, max_sequences: int | None = 16) -> dict:
     """How far the generator's log-probs of the sampled tokens are from the training model's.
@@ -385,16 +391,11 @@ def logprob_mismatch(policies, adapter: str, rollouts: list[Rollout], temperatur
     have = [r for r in rollouts if "gen_logprobs" in r.extra and r.length > 0][:max_sequences]
     if not have:
         return {}
-    mode = have[0].extra.get("logprobs_mode", "raw_logprobs")
-    T = 1.0 if mode.startswith("raw") else temperature
     batch = build_batch(have, torch.zeros(len(have)), policies.tokenizer.pad_token_id, policies.device)
     with torch.no_grad(), policies.use(adapter):
         train = completion_logprobs(policies.model, batch.input_ids, batch.attention_mask, batch.completion_mask,
-                                    T, micro_batch_size).float().cpu()  # (B, Tc)
-    gen = torch.full_like(train, math.nan)
-    for i, r in enumerate(have):
-        values = r.extra["gen_logprobs"][: train.shape[1]]
-        gen[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+                                    _engine_temperature(have, temperature), micro_batch_size).float().cpu()  # (B, Tc)
+    gen = batch.sampling_logp.cpu()  # NaN where the engine gave none
     keep = batch.completion_mask.cpu().bool() & torch.isfinite(gen)
     diff = (gen - train)[keep]
     if diff.numel() == 0:
@@ -437,10 +438,8 @@ def engine_importance_weights(policies, adapter: str, batch, rollouts: list[Roll
     """
     if not config.vllm_importance_sampling_correction or batch.sampling_logp is None:
         return {}
-    mode = next((r.extra["logprobs_mode"] for r in rollouts if "logprobs_mode" in r.extra), "raw_logprobs")
-    temperature = 1.0 if mode.startswith("raw") else config.temperature
     with torch.no_grad(), policies.use(adapter):
-        train = batch_logprobs(policies.model, batch, temperature,
+        train = batch_logprobs(policies.model, batch, _engine_temperature(rollouts, config.temperature),
                                update_cfg.rows_per_micro_batch(*batch.input_ids.shape))
     batch.is_weights = importance_weights(train, batch.sampling_logp, batch.completion_mask,
                                           config.vllm_importance_sampling_mode,

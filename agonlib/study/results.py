@@ -19,7 +19,7 @@ from ..config import REPO_ROOT, RUNS_DIR
 from ..evaluation import mean_interval
 from ..runs import read_jsonl, recorded_config
 from .paper import cell_of
-from .verdict import leak_rates, orderings
+from .verdict import ORDERINGS_HEADING, leak_rates, orderings
 
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 COLUMNS = ["run", "system", "pass@1", "pass@1_lo", "pass@1_hi", "pass@k", "mean_final_len", "tokens_per_problem",
@@ -106,7 +106,7 @@ def comparisons(runs_dir: str | Path):
 def report(table, runs_dir: str | Path) -> str:
     """The Markdown results file: the paper's orderings judged, seeds aggregated with intervals,
     training leak rates, paired tests within runs, then every run."""
-    parts = ["## The paper's orderings (difference first − second: mean over seeds, 95% interval; "
+    parts = [f"{ORDERINGS_HEADING} (difference first − second: mean over seeds, 95% interval; "
              "agonlib.study.verdict)", "", to_markdown(orderings(runs_dir)),
              "", "## pass@1 across seeds (mean, 95% interval; one seed: Wilson)", "", to_markdown(across_seeds(table)),
              "", "## Training leak rate of the exchange cells (summaries that still state the gold)", "",

@@ -1,6 +1,7 @@
 """Evaluation: the pass@k estimator, what each system's stages see, the results table."""
 
 import json
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -154,6 +155,8 @@ def test_intervals_and_mcnemar():
     assert evaluate.wilson(0, 10)[0] == 0.0 and evaluate.wilson(10, 10)[1] == 1.0
     mean, lo, hi = evaluate.mean_interval([0.2, 0.3, 0.4])
     assert mean == pytest.approx(0.3) and hi - mean == pytest.approx(4.303 * 0.1 / 3**0.5)
+    many = [0.2, 0.4] * 20  # 40 seeds: t(0.975, 39) = 2.02269, not the normal 1.96
+    assert evaluate.mean_interval(many)[2] - 0.3 == pytest.approx(2.02269 * statistics.stdev(many) / 40**0.5, rel=1e-5)
     assert evaluate.mcnemar_exact(7, 0) == pytest.approx(2 / 2**7)
     assert evaluate.mcnemar_exact(5, 5) == 1.0
     assert evaluate.paired([0, 1, 1, 0], [1, 1, 0, 0]) == {"n": 4, "fixed": 1, "broken": 1, "p_value": 1.0}
@@ -203,15 +206,17 @@ def test_summarize_and_disagreement():
     assert evaluate.disagreement(["1", "2", None], ["1", "3", None]) == pytest.approx(1 / 3)
 
 
-def _fixture_run(root, name, mode, systems):
+def _fixture_run(root, name, mode, systems, run_name=None, n_problems=20):
     run = root / name
     run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"config": {"run_name": name, "seed": 3, "mode": mode}}))
+    seed = int(name.rsplit("-seed", 1)[1]) if "-seed" in name else 0
+    config = {"run_name": run_name or name, "seed": seed, "mode": mode}
+    (run / "config.json").write_text(json.dumps({"config": config}))
     rows = [{"step": s, "time/step_s": 2.0} for s in (1, 2, 3)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if systems:
         final = {s: {"pass@1": p, "pass@4": p + 0.1, "mean_final_len": 50.0, "tokens_per_problem": 99.0,
-                     "n_problems": 20} for s, p in systems.items()}
+                     "n_problems": n_problems} for s, p in systems.items()}
         final["A_B_disagreement"] = 0.25
         (run / "final_eval.json").write_text(json.dumps(final))
 
@@ -251,3 +256,23 @@ def test_results_aggregate_seeds_with_intervals(tmp_path):
     assert agon["pass@1_lo"] == pytest.approx(0.6 - half) and agon["pass@1_hi"] == pytest.approx(0.6 + half)
     assert seeds[("grpo", "grpo")]["seeds"] == 1
     assert "pass@1 across seeds" in results.report(table, tmp_path)
+
+
+def test_a_seed_evaluated_twice_counts_once_across_seeds(tmp_path, caplog):
+    _fixture_run(tmp_path, "agon", "agon", {"cascade_AB": 0.5})
+    _fixture_run(tmp_path, "agon-rerun", "agon", {"cascade_AB": 0.9}, run_name="agon")  # seed 0 again
+    _fixture_run(tmp_path, "agon-seed1", "agon", {"cascade_AB": 0.7})
+    table = results.collect("fixture", runs_dir=tmp_path, write=False)
+    with caplog.at_level("WARNING"):
+        (agon,) = results.across_seeds(table).to_dict("records")
+    assert agon["seeds"] == 2 and agon["per seed"] == "0.900 0.700"  # the later run of seed 0, then seed 1
+    assert agon["pass@1 mean"] == pytest.approx(0.8)
+    assert "seed(s) [0] evaluated more than once" in caplog.text
+
+
+def test_seeds_evaluated_on_different_problem_counts_are_flagged(tmp_path, caplog):
+    _fixture_run(tmp_path, "agon", "agon", {"cascade_AB": 0.5}, n_problems=200)
+    _fixture_run(tmp_path, "agon-seed1", "agon", {"cascade_AB": 0.7}, n_problems=20)
+    with caplog.at_level("WARNING"):
+        (agon,) = results.across_seeds(results.collect("fixture", runs_dir=tmp_path, write=False)).to_dict("records")
+    assert agon["seeds"] == 2 and "different numbers of problems ([20, 200])" in caplog.text

@@ -11,6 +11,7 @@ Nothing is re-evaluated here: evaluation writes ``final_eval.json`` once
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +21,8 @@ from ..evaluation import mean_interval
 from ..runs import read_jsonl, recorded_config
 from .paper import cell_of
 from .verdict import ORDERINGS_HEADING, leak_rates, orderings
+
+log = logging.getLogger(__name__)
 
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 COLUMNS = ["run", "system", "pass@1", "pass@1_lo", "pass@1_hi", "pass@k", "mean_final_len", "tokens_per_problem",
@@ -79,11 +82,21 @@ def across_seeds(table):
     """One row per (cell, system): the mean pass@1 over seeds with a 95% t-interval (DESIGN.md §8).
 
     A cell's runs are its seeds (``agon``, ``agon-seed1`` …). With one seed the
-    interval is that run's Wilson interval over the held-out problems.
+    interval is that run's Wilson interval over the held-out problems. A seed evaluated twice counts
+    once, its later row (as in the verdict, ``verdict.load_evaluations``), with a warning; seeds
+    evaluated on different numbers of problems are averaged with a warning that says so.
     """
     evaluated = table[table["pass@1"].notna()] if len(table) else table
     rows = []
     for (cell, system), group in evaluated.groupby([evaluated["run"].map(cell_of), "system"], sort=True):
+        repeated = group["seed"].duplicated(keep="last") & group["seed"].notna()
+        if repeated.any():
+            log.warning("Cell %s, system %s: seed(s) %s evaluated more than once; the later run counts.",
+                        cell, system, sorted(set(group.loc[repeated, "seed"])))
+            group = group[~repeated]
+        if group["n_problems"].nunique() > 1:
+            log.warning("Cell %s, system %s: its seeds were evaluated on different numbers of problems (%s); "
+                        "their mean mixes those evaluations.", cell, system, sorted(set(group["n_problems"])))
         mean, low, high = mean_interval(group["pass@1"])
         if len(group) == 1:
             low, high = group["pass@1_lo"].iloc[0], group["pass@1_hi"].iloc[0]

@@ -29,7 +29,7 @@ from .runs import CheckpointError, latest_adapters, load_run_config
 from .study.pipeline import show_round
 from .study.pipeline import text_block as _block
 from .study.reproduce import main as reproduce_main
-from .study.results import to_markdown
+from .study.results import across_reports, to_markdown
 from .study.verdict import ReportError, combine
 from .trainer import train
 
@@ -138,7 +138,9 @@ def cmd_verdict(args) -> int:
             f"# The paper's orderings over the seeds of {seeds}\n\n"
             f"Written by `{command}` from the committed results tables alone (agonlib.study.verdict.combine): "
             "each seed's difference from the CSVs, a t-interval over the seeds, McNemar on the reports' "
-            "discordant counts summed over seeds.\n\n" + table + "\n")
+            "discordant counts summed over seeds.\n\n" + table + "\n\n"
+            "## pass@1 across seeds (mean, 95% t-interval; agonlib.study.results.across_reports)\n\n"
+            + to_markdown(across_reports(args.reports)) + "\n")
         print(f"wrote {args.out}")
     return 0
 

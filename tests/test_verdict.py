@@ -251,8 +251,26 @@ def test_each_committed_report_combines_to_its_own_orderings_table():
 
 
 def test_the_committed_five_seed_table_regenerates():
-    table = results.to_markdown(verdict.combine([COMMITTED / "cpu-bf16.csv", COMMITTED / "cpu-bf16-seeds3-4.csv"]))
-    assert table in (COMMITTED / "cpu-bf16-5seeds.md").read_text()
+    reports = [COMMITTED / "cpu-bf16.csv", COMMITTED / "cpu-bf16-seeds3-4.csv"]
+    committed = (COMMITTED / "cpu-bf16-5seeds.md").read_text()
+    assert results.to_markdown(verdict.combine(reports)) in committed
+    assert results.to_markdown(results.across_reports(reports)) in committed
+
+
+def test_verdict_out_also_writes_each_systems_mean_over_all_seeds(tmp_path):
+    _five_seeds(tmp_path / "first", (0, 1))
+    _five_seeds(tmp_path / "second", (2, 3, 4))
+    _five_seeds(tmp_path / "every", range(5))
+    reports = [str(_report(tmp_path / "first", tmp_path / "a")), str(_report(tmp_path / "second", tmp_path / "b"))]
+    assert main(["verdict", *reports, "--out", str(tmp_path / "all.md")]) == 0
+    means = results.across_reports(reports)
+    together = results.across_seeds(results.collect("test", tmp_path / "every", write=False))
+    assert list(means["seeds"]) == [5, 5, 5]  # agon A, agon cascade_AB, grpo_2n grpo
+    for column in ("cell", "system", "per seed"):
+        assert list(means[column]) == list(together[column]), column
+    for column in ("pass@1 mean", "pass@1_lo", "pass@1_hi"):
+        assert means[column].tolist() == pytest.approx(together[column].tolist()), column
+    assert results.to_markdown(means) in (tmp_path / "all.md").read_text()
 
 
 def test_a_seed_counted_twice_or_a_csv_beside_another_report_is_refused(tmp_path, capsys):

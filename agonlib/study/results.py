@@ -107,6 +107,16 @@ def across_seeds(table):
     return pd.DataFrame(rows, columns=SEED_COLUMNS)
 
 
+def across_reports(reports):
+    """:func:`across_seeds` over the seeds of several committed results tables (``<name>.csv``), read alone.
+
+    What ``python -m agonlib verdict --out`` writes beside the orderings: every system's mean pass@1 over
+    all the reports' seeds, with its interval. The verdict has already refused a seed two reports share.
+    """
+    tables = [pd.read_csv(Path(report).with_suffix(".csv")) for report in reports]
+    return across_seeds(pd.concat(tables, ignore_index=True))
+
+
 def comparisons(runs_dir: str | Path):
     """Every paired comparison recorded in the runs' ``final_eval.json`` (exact McNemar), a DataFrame."""
     rows = []

@@ -245,14 +245,18 @@ def test_combining_reports_of_split_seeds_equals_judging_every_run_together(tmp_
 
 def test_each_committed_report_combines_to_its_own_orderings_table():
     # A report's CSV alone gives the per-seed differences its Markdown was written with from the run directories.
-    for name in ("cpu", "cpu-bf16", "cpu-bf16-seeds3-4"):
+    for name in ("cpu", "cpu-bf16", "cpu-bf16-seeds3-4", "cpu-bf16-seeds5-6"):
         table = results.to_markdown(verdict.combine([COMMITTED / f"{name}.csv"]))
         assert table in (COMMITTED / f"{name}.md").read_text(), name
 
 
-def test_the_committed_five_seed_table_regenerates():
-    reports = [COMMITTED / "cpu-bf16.csv", COMMITTED / "cpu-bf16-seeds3-4.csv"]
-    committed = (COMMITTED / "cpu-bf16-5seeds.md").read_text()
+@pytest.mark.parametrize("combined, reports", [
+    ("cpu-bf16-5seeds", ("cpu-bf16", "cpu-bf16-seeds3-4")),
+    ("cpu-bf16-7seeds", ("cpu-bf16", "cpu-bf16-seeds3-4", "cpu-bf16-seeds5-6")),
+])
+def test_the_committed_multi_seed_tables_regenerate(combined, reports):
+    reports = [COMMITTED / f"{name}.csv" for name in reports]
+    committed = (COMMITTED / f"{combined}.md").read_text()
     assert results.to_markdown(verdict.combine(reports)) in committed
     assert results.to_markdown(results.across_reports(reports)) in committed
 

@@ -7,6 +7,7 @@ can be worked out on paper.
 
 import json
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,9 @@ def test_one_seed_with_a_large_gap_holds_on_the_item_interval(tmp_path):
     row = verdict.ordering_row(AGON_ABOVE_GRPO, verdict.load_evaluations(tmp_path))
     assert row["seeds"] == 1 and row["low"] > 0 and row["verdict"] == "holds (1 seed)"
     assert row["interval"] == "problems, 1 seed"
+    diffs = [1.0] * 40 + [0.0] * 60  # Agon alone right on items 20-59
+    half = 1.984217 * statistics.stdev(diffs) / N**0.5  # t(0.975, 99) over the items, not the normal 1.96
+    assert (row["low"], row["high"]) == pytest.approx((0.4 - half, 0.4 + half), rel=1e-6)
     assert (row["first only"], row["second only"]) == (40, 0)
 
 

@@ -12,7 +12,7 @@ paired item by item. For each ordering:
   final-stage length);
 * **across seeds**, the mean difference with a 95% t-interval: the seeds are the
   replicates, so this interval decides the verdict whenever there are two or
-  more; with one seed, the paired normal interval of the item differences does;
+  more; with one seed, the paired t-interval of the item differences does;
 * **pooled over seeds**, the per-problem transitions (``first only``: right in
   the first system, wrong in the second; ``second only``: the reverse) and an
   exact McNemar p-value.
@@ -123,13 +123,10 @@ def _items(result: dict, system: str, measure: str) -> tuple[list[list[float]], 
     return per_problem, (problems, samples)
 
 
-def _paired_interval(diffs: list[float], z: float = 1.96) -> tuple[float, float]:
-    """Normal 95% interval of the mean of paired per-problem differences (one seed)."""
-    if len(diffs) < 2:
-        return (float("nan"), float("nan"))
-    half = z * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    mean = statistics.fmean(diffs)
-    return (mean - half, mean + half)
+def _paired_interval(diffs: list[float]) -> tuple[float, float]:
+    """95% t-interval of the mean of paired per-problem differences (one seed)."""
+    _, low, high = mean_interval(diffs)
+    return (low, high)
 
 
 def judge(low: float, high: float, expect: str) -> str:

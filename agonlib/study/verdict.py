@@ -123,12 +123,6 @@ def _items(result: dict, system: str, measure: str) -> tuple[list[list[float]], 
     return per_problem, (problems, samples)
 
 
-def _paired_interval(diffs: list[float]) -> tuple[float, float]:
-    """95% t-interval of the mean of paired per-problem differences (one seed)."""
-    _, low, high = mean_interval(diffs)
-    return (low, high)
-
-
 def judge(low: float, high: float, expect: str) -> str:
     """``holds`` / ``reversed`` / ``not separated`` from a 95% interval of ``first − second``.
 
@@ -171,7 +165,7 @@ def ordering_row(ordering: Ordering, evaluations: dict) -> dict:
     counts = None
     if ordering.measure == "pass@1":  # each problem's first sample
         counts = (sum(1 for x, y in pooled if x[0] > y[0]), sum(1 for x, y in pooled if x[0] < y[0]))
-    return _judged(ordering, per_seed, len(diffs), counts, _paired_interval(diffs))
+    return _judged(ordering, per_seed, len(diffs), counts, mean_interval(diffs)[1:])
 
 
 def _head(ordering: Ordering, per_seed: list[float]) -> dict:

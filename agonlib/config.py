@@ -60,7 +60,8 @@ class Config:
     task: str = "math"  # math | code
     # What the challenger's summary hides (DESIGN.md §2 step 3): answer — the drafter's answer, boxed or its
     # fallback (the paper's rule) | derived — also every other number the question does not state, so a wrong
-    # draft that reached the gold on the way cannot pass it on (math; experiments/LOG.md, 2026-12-06).
+    # draft that reached the gold on the way cannot pass it on (math; experiments/LOG.md, 2026-12-06) | stated —
+    # derived, and each of the question's numbers no more often than the question states it (LOG, 2026-12-07).
     summary_mask: str = "answer"
 
     # --- model ---------------------------------------------------------------
@@ -162,7 +163,7 @@ class Config:
             "reward": ("competitive", "cooperative"),
             "roles": ("rotate", "fixed"),
             "task": ("math", "code"),
-            "summary_mask": ("answer", "derived"),
+            "summary_mask": ("answer", "derived", "stated"),
             "dtype": ("auto", "bfloat16", "float16", "float32"),
             "device": ("auto", "cpu", "cuda"),
             "model_loader": ("auto", "transformers", "unsloth"),

@@ -33,7 +33,9 @@ the summary is the final text without that block (the explanation only).
 
 from __future__ import annotations
 
+import math
 import re
+from collections import Counter
 from typing import NamedTuple
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -212,17 +214,35 @@ def fallback_answer(text: str) -> str | None:
 _WHOLE_NUMBER = re.compile(_TOKEN_START + _NUMBER.pattern + _TOKEN_END)
 
 
-def mask_derived_numbers(summary: str, question: str) -> str:
+def mask_derived_numbers(summary: str, question: str, capped: bool = False) -> str:
     """Mask every whole-token number of ``summary`` that ``question`` does not state (``summary_mask: derived``).
 
     What is left is the draft's method over the question's own numbers: a wrong draft that reached the
     gold on the way (``10 - 4 = 6 … 10 + 6 = 16``) can no longer hand it to the challenger.
 
+    ``capped`` (``summary_mask: stated``) also keeps each of the question's numbers at most as often as the
+    question states it as a whole token (the first occurrences), so a result that happens to equal one of
+    them (``has 2 eggs, uses 1 … 2 - 1 = 1``) is masked too: the summary can state no number more often
+    than the question does.
+
     >>> mask_derived_numbers("She has 10 - 4 = 6, then 6 + 10 = 16 pens.", "Nora has 10 pens and uses 4.")
     'She has 10 - 4 = […], then […] + 10 = […] pens.'
+    >>> mask_derived_numbers("2 - 1 = 1 egg left", "Mia has 2 eggs and uses 1.", capped=True)
+    '2 - 1 = […] egg left'
     """
-    stated = {n.lstrip("-") for n in _NUMBER.findall(question)}
-    return _WHOLE_NUMBER.sub(lambda m: m.group() if m.group().lstrip("-") in stated else MASK, summary)
+    if capped:
+        left = Counter(n.lstrip("-") for n in _WHOLE_NUMBER.findall(question))
+    else:
+        left = Counter({n.lstrip("-"): math.inf for n in _NUMBER.findall(question)})
+
+    def keep(m: re.Match) -> str:
+        number = m.group().lstrip("-")
+        if left[number] <= 0:
+            return MASK
+        left[number] -= 1
+        return m.group()
+
+    return _WHOLE_NUMBER.sub(keep, summary)
 
 
 def _tidy(text: str) -> str:

@@ -4,10 +4,10 @@
 masked summary as a rival's attempt (competitive reward) or a teammate's
 (cooperative reward), then the instruction, then the problem; without exchange
 the challenger simply gets ``draft_prompt``. ``challenge_summary`` is the summary it reads (with
-``summary_mask: derived``, only the question's own numbers left); ``challenge_texts`` renders the
-challenge prompts within ``max_prompt_tokens``, dropping the start of a summary that does not fit rather
-than the system prompt. Prompts are chat messages; :func:`render` applies the model's chat template
-(Qwen3's ``enable_thinking`` switch included).
+``summary_mask: derived``, only the question's own numbers left; ``stated``, each no more often than the
+question states it); ``challenge_texts`` renders the challenge prompts within ``max_prompt_tokens``,
+dropping the start of a summary that does not fit rather than the system prompt. Prompts are chat
+messages; :func:`render` applies the model's chat template (Qwen3's ``enable_thinking`` switch included).
 """
 
 from __future__ import annotations
@@ -136,9 +136,10 @@ MOA_INTRO = (
 
 def challenge_summary(summary: str, question: str, config) -> str:
     """What the challenger reads of a draft: its ``summary`` (DESIGN.md §2 step 3), and with ``summary_mask:
-    derived`` (math) every number ``question`` does not state masked too (:func:`~agonlib.parsing.mask_derived_numbers`)."""
-    if config.summary_mask == "derived" and config.task == "math":
-        return mask_derived_numbers(summary, question)
+    derived`` (math) every number ``question`` does not state masked too; with ``stated`` also every use of
+    the question's numbers beyond as often as it states them (:func:`~agonlib.parsing.mask_derived_numbers`)."""
+    if config.summary_mask in ("derived", "stated") and config.task == "math":
+        return mask_derived_numbers(summary, question, capped=config.summary_mask == "stated")
     return summary
 
 

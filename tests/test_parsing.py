@@ -6,11 +6,13 @@ summary is what the challenger reads, so the cases lean on leaks: every box, eve
 and nothing else may be damaged.
 """
 
+import re
 import time
 
 import pytest
 
 from agonlib import extract_summary, split_completion
+from agonlib.metrics import leaks
 from agonlib.parsing import MASK, last_boxed, mask_answer, mask_derived_numbers
 
 M = MASK  # "[…]"
@@ -159,6 +161,33 @@ DERIVED = [
 @pytest.mark.parametrize("question,summary,masked", DERIVED)
 def test_mask_derived_numbers_keeps_only_the_questions_numbers(question, summary, masked):
     assert mask_derived_numbers(summary, question) == masked
+
+
+# ``summary_mask: stated``: the same, and each of the question's numbers kept no more often than the
+# question states it (its first uses), so a result equal to one of them is masked too (a logged training
+# leak's question, gold 1).
+STATED = [
+    ("Mia has 2 eggs. Mia uses 1 egg. How many eggs does Mia have left?",
+     f"Mia has 2 eggs and uses 1 egg, so 2 - 1 = 1 egg is left, and {M}.",
+     f"Mia has 2 eggs and uses 1 egg, so {M} - {M} = {M} egg is left, and {M}."),
+    # a derived number is masked as by ``derived``; a question stating a number twice keeps two of its uses
+    ("Nora has 10 pencils and uses 4, then 4 more.", "10 - 4 - 4 = 2, not 4",
+     f"10 - 4 - 4 = {M}, not {M}"),
+    # a number glued to a word in the question is not stated as a whole token: no use of it kept
+    ("A 3x3 grid has 9 cells.", "3 rows of 3 make 9", f"{M} rows of {M} make 9"),
+    # signed uses count against the unsigned number
+    ("Tom has 6 cards and gives 2 away.", "Tom gives away 2 of his 6 cards: 6 - 2 = -2?",
+     f"Tom gives away 2 of his 6 cards: {M} - {M} = {M}?"),
+]
+
+
+@pytest.mark.parametrize("question,summary,masked", STATED)
+def test_stated_mask_keeps_each_question_number_no_more_often_than_the_question(question, summary, masked):
+    got = mask_derived_numbers(summary, question, capped=True)
+    assert got == masked
+    # what the leak check counts: no number, the gold included, stated more often than the question states it
+    for gold in {*re.findall(r"\d+", summary)}:
+        assert not leaks(got, gold, question), gold
 
 
 def test_unclosed_box_after_think_is_stripped():

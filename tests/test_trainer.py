@@ -282,19 +282,32 @@ def test_game_masks_boxed_drafts_and_pays_the_length_tiebreak(tiny, monkeypatch,
     assert rnd.metrics()["challenger/tiebreak_rate"] == 1.0
 
 
-def test_game_with_derived_mask_hides_the_gold_a_wrong_draft_reached(tiny, monkeypatch, tmp_path):
-    problems = [{"id": 0, "question": "Nora has 10 pens and uses 4. How many are left?", "answer": "6"}]
-    draft = "She has 10 - 4 = 6 pens left. So she has 10 + 6 = 16 pens.\n\\boxed{16}"  # wrong, the gold on the way
-    monkeypatch.setattr(agon, "grade", lambda rollouts, probs, config: [int(r.answer == "6") for r in rollouts])
-    shown = {}
-    for mask in ("answer", "derived"):
-        backend = BoxedBackend(draft, "\\boxed{6}")
+# A wrong draft that reached the gold on the way: what each summary mask lets the challenger read, and
+# whether that still states the gold (``rnd.leaked``, the text check), one mask per entry.
+MASKED_GAMES = [
+    ("Nora has 10 pens and uses 4. How many are left?", "6",
+     "She has 10 - 4 = 6 pens left. So she has 10 + 6 = 16 pens.\n\\boxed{16}",
+     {"answer": ("She has 10 - 4 = 6 pens left. So she has 10 + 6 = […] pens.", True),
+      "derived": ("She has 10 - 4 = […] pens left. So she has 10 + […] = […] pens.", False)}),
+    # the gold is a number of the question: only ``stated`` hides the result that equals it
+    ("Mia has 2 eggs and uses 1. How many are left?", "1",
+     "She has 2 - 1 = 1 egg left. Then 1 + 2 = 3 eggs.\n\\boxed{3}",
+     {"derived": ("She has 2 - 1 = 1 egg left. Then 1 + 2 = […] eggs.", True),
+      "stated": ("She has 2 - 1 = […] egg left. Then […] + […] = […] eggs.", False)}),
+]
+
+
+@pytest.mark.parametrize("question,gold,draft,expected", MASKED_GAMES)
+def test_game_with_a_number_mask_hides_the_gold_a_wrong_draft_reached(tiny, monkeypatch, tmp_path,
+                                                                       question, gold, draft, expected):
+    problems = [{"id": 0, "question": question, "answer": gold}]
+    monkeypatch.setattr(agon, "grade", lambda rollouts, probs, config: [int(r.answer == gold) for r in rollouts])
+    for mask, (summary, leaked) in expected.items():
+        backend = BoxedBackend(draft, f"\\boxed{{{gold}}}")
         rnd = agon.play_round(tiny, problems, 1, _cfg(tmp_path, summary_mask=mask), progress=False, backend=backend)
         turns = [t.rsplit("A rival tried this problem.", 1)[1] for t in backend.calls[1]["prompts"]]
         assert all(rnd.summaries[i] in turn for i, turn in enumerate(turns))  # the challenger read the summary
-        shown[mask] = (rnd.summaries[0], rnd.leaked)
-    assert shown["answer"] == ("She has 10 - 4 = 6 pens left. So she has 10 + 6 = […] pens.", [True] * 4)
-    assert shown["derived"] == ("She has 10 - 4 = […] pens left. So she has 10 + […] = […] pens.", [False] * 4)
+        assert (rnd.summaries[0], rnd.leaked) == (summary, [leaked] * 4), mask
 
 
 def test_game_fits_a_long_summary_into_the_challenge_budget(tiny, monkeypatch, tmp_path):

@@ -249,7 +249,7 @@ def test_combining_reports_of_split_seeds_equals_judging_every_run_together(tmp_
 
 def test_each_committed_report_combines_to_its_own_orderings_table():
     # A report's CSV alone gives the per-seed differences its Markdown was written with from the run directories.
-    for name in ("cpu", "cpu-bf16", "cpu-bf16-seeds3-4", "cpu-bf16-seeds5-6"):
+    for name in ("cpu", "cpu-bf16", "cpu-bf16-seeds3-4", "cpu-bf16-seeds5-6", "cpu-bf16-stated"):
         table = results.to_markdown(verdict.combine([COMMITTED / f"{name}.csv"]))
         assert table in (COMMITTED / f"{name}.md").read_text(), name
 

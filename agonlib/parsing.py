@@ -222,8 +222,9 @@ def mask_derived_numbers(summary: str, question: str, capped: bool = False) -> s
 
     ``capped`` (``summary_mask: stated``) also keeps each of the question's numbers at most as often as the
     question states it as a whole token (the first occurrences), so a result that happens to equal one of
-    them (``has 2 eggs, uses 1 … 2 - 1 = 1``) is masked too: the summary can state no number more often
-    than the question does.
+    them (``has 2 eggs, uses 1 … 2 - 1 = 1``) is masked too: the summary can state no non-negative number
+    more often than the question does. (A signed use counts against the unsigned number, so a negative
+    gold can still show: ``-5`` where the question says ``5``; experiments/LOG.md, 2026-12-07.)
 
     >>> mask_derived_numbers("She has 10 - 4 = 6, then 6 + 10 = 16 pens.", "Nora has 10 pens and uses 4.")
     'She has 10 - 4 = […], then […] + 10 = […] pens.'

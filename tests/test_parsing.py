@@ -185,7 +185,7 @@ STATED = [
 def test_stated_mask_keeps_each_question_number_no_more_often_than_the_question(question, summary, masked):
     got = mask_derived_numbers(summary, question, capped=True)
     assert got == masked
-    # what the leak check counts: no number, the gold included, stated more often than the question states it
+    # what the leak check counts: no unsigned number, the gold included, stated more often than the question
     for gold in {*re.findall(r"\d+", summary)}:
         assert not leaks(got, gold, question), gold
 

@@ -265,6 +265,20 @@ def test_the_committed_multi_seed_tables_regenerate(combined, reports):
     assert results.to_markdown(results.across_reports(reports)) in committed
 
 
+def test_a_variant_against_its_base_report():
+    # the stated-mask runs against the committed answer-mask runs of the same seeds (experiments/LOG.md, 2026-12-07)
+    systems, ordered = verdict.against(COMMITTED / "cpu-bf16-stated.csv", COMMITTED / "cpu-bf16.csv")
+    row = systems.set_index(["cell", "system"])
+    # fixed roles' A only drafts and the base never trains: neither reads a summary, so the mask cannot move them
+    assert row.loc[("fixed_roles", "A"), "per seed"] == row.loc[("agon", "base"), "per seed"] == "+0.000 +0.000 +0.000"
+    assert row.loc[("agon", "cascade_AB"), "per seed"] == "+0.000 -0.070 +0.070"
+    assert row.loc[("fixed_roles", "B"), "high"] < 0
+    claim = ordered.set_index("claim").loc["Agon above GRPO-2N (compute-matched)"]
+    # the same mean as the base over these seeds, but the variant's seeds spread more: not separated
+    assert claim["difference"] == pytest.approx(claim["base difference"]) == pytest.approx(-0.1033, abs=1e-4)
+    assert claim["low"] < 0 < claim["high"] and claim["base high"] < 0
+
+
 def test_verdict_out_also_writes_each_systems_mean_over_all_seeds(tmp_path):
     _five_seeds(tmp_path / "first", (0, 1))
     _five_seeds(tmp_path / "second", (2, 3, 4))

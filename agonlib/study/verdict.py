@@ -36,6 +36,9 @@ verdict carries "(1 seed)"). Eleven
 orderings at 95% each: expect one false ``holds`` in twenty tables by chance.
 A worked example: three seeds with differences +0.05, −0.02, +0.03 have mean
 +0.02 and interval [−0.07, +0.11]: not separated.
+
+:func:`against` sets a variant's report (some cells retrained with one setting changed) beside the base
+report of the same seeds: per-system differences and the orderings with the variant's cells, intervals only.
 """
 
 from __future__ import annotations
@@ -309,6 +312,35 @@ def combine(reports, which=ORDERINGS) -> pd.DataFrame:
         rows.append(_judged(ordering, per_seed, problems, counts))
     return _table(rows)
 
+
+
+def against(variant_csv: str | Path, base_csv: str | Path, which=ORDERINGS) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A variant (some cells retrained with one setting changed) against the base report of the same seeds.
+
+    First table: each (cell, system) of the variant, ``variant − base`` of pass@1 per seed, and the mean
+    with its t-interval over the seeds. Second: every ordering over the variant's seeds, with the variant's
+    cells in place of the base's (the other cells stay the base's: the setting must not touch them) beside
+    the base's own. Intervals only: McNemar needs the runs' per-problem outcomes, which reports do not keep.
+    """
+    variant = _csv_values(pd.read_csv(variant_csv), Path(variant_csv))
+    base = _csv_values(pd.read_csv(base_csv), Path(base_csv))
+    seeds = {seed for _, seed in variant}
+    diffs: dict[tuple[str, str], list[float]] = {}
+    for (cell, seed), systems in sorted(variant.items()):
+        for system, (value, _, problems) in systems.items():
+            old = base.get((cell, seed), {}).get(system)
+            if old is not None and old[2] == problems:
+                diffs.setdefault((cell, system), []).append(value - old[0])
+    interval = lambda values: dict(zip(("difference", "low", "high"), mean_interval(values)))  # noqa: E731
+    systems = pd.DataFrame([{"cell": cell, "system": system, "per seed": " ".join(f"{d:+.3f}" for d in ds),
+                             **interval(ds)} for (cell, system), ds in diffs.items()])
+    base = {key: value for key, value in base.items() if key[1] in seeds}
+    rows = []
+    for ordering in which:
+        mine, theirs = (list(_differences(ordering, v).values()) for v in ({**base, **variant}, base))
+        rows.append({"claim": ordering.claim, "per seed": _per_seed_text(ordering, mine), **interval(mine),
+                     **{f"base {k}": v for k, v in interval(theirs).items()}})
+    return systems, pd.DataFrame(rows)
 
 LEAK_GOAL = 0.01  # issue 15: a summary should state the gold in at most 1% of training pairs
 

@@ -331,7 +331,10 @@ def against(variant_csv: str | Path, base_csv: str | Path, which=ORDERINGS) -> t
             old = base.get((cell, seed), {}).get(system)
             if old is not None and old[2] == problems:
                 diffs.setdefault((cell, system), []).append(value - old[0])
-    interval = lambda values: dict(zip(("difference", "low", "high"), mean_interval(values)))  # noqa: E731
+
+    def interval(values: list[float]) -> dict:
+        return dict(zip(("difference", "low", "high"), mean_interval(values)))
+
     systems = pd.DataFrame([{"cell": cell, "system": system, "per seed": " ".join(f"{d:+.3f}" for d in ds),
                              **interval(ds)} for (cell, system), ds in diffs.items()])
     base = {key: value for key, value in base.items() if key[1] in seeds}

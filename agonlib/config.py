@@ -61,7 +61,8 @@ class Config:
     # What the challenger's summary hides (DESIGN.md §2 step 3): answer — the drafter's answer, boxed or its
     # fallback (the paper's rule) | derived — also every other number the question does not state, so a wrong
     # draft that reached the gold on the way cannot pass it on (math; experiments/LOG.md, 2026-12-06) | stated —
-    # derived, and each of the question's numbers no more often than the question states it (LOG, 2026-12-07).
+    # derived, and each of the question's numbers no more often than the question states it (the cpu profile's;
+    # LOG, 2026-12-07).
     summary_mask: str = "answer"
 
     # --- model ---------------------------------------------------------------

@@ -73,7 +73,8 @@ curve = notebook.show_learning_curve(run_dir)
 # From the newest step logged in `rollouts.jsonl` (the trainer logs the first
 # problems of step 1 and of every `log_rollouts_every`-th step): the problem, one
 # draft, the summary the challenger read — the draft without its final answer,
-# every occurrence of that answer masked as `[…]` — and the challenge with its
+# every occurrence of that answer masked as `[…]` (with `summary_mask: stated`, the
+# `cpu` profile's, also the numbers the question does not state) — and the challenge with its
 # reward. A pair where the challenger fixed a wrong draft is shown when the step
 # has one, else the first pair.
 

@@ -78,7 +78,10 @@ verdict.orderings(runs_dir)
 # The masking of DESIGN.md §2 step 3 removes the drafter's own answer, so a right
 # draft should never leak; a wrong draft can still state the gold as a step of its
 # reasoning (`5 + 2 = 7`, then a wrong box), which the last two columns count
-# in the logged sample rounds.
+# in the logged sample rounds. The `cpu` profile's `summary_mask: stated` also
+# masks every number the question does not state, and each of its numbers beyond
+# as often as the question states it: there no summary can state a non-negative
+# gold more often than the question, and every rate here should read 0.
 
 # %%
 verdict.leak_rates(runs_dir)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from agonlib import load_config
 from agonlib.__main__ import main
 from agonlib.study import results, verdict
 from agonlib.study.verdict import Ordering, ReportError
@@ -249,7 +250,7 @@ def test_combining_reports_of_split_seeds_equals_judging_every_run_together(tmp_
 
 def test_each_committed_report_combines_to_its_own_orderings_table():
     # A report's CSV alone gives the per-seed differences its Markdown was written with from the run directories.
-    for name in ("cpu", "cpu-bf16", "cpu-bf16-seeds3-4", "cpu-bf16-seeds5-6", "cpu-bf16-stated"):
+    for name in ("cpu", "cpu-fp32", "cpu-bf16", "cpu-bf16-seeds3-4", "cpu-bf16-seeds5-6"):
         table = results.to_markdown(verdict.combine([COMMITTED / f"{name}.csv"]))
         assert table in (COMMITTED / f"{name}.md").read_text(), name
 
@@ -266,17 +267,38 @@ def test_the_committed_multi_seed_tables_regenerate(combined, reports):
 
 
 def test_a_variant_against_its_base_report():
-    # the stated-mask runs against the committed answer-mask runs of the same seeds (experiments/LOG.md, 2026-12-07)
-    systems, ordered = verdict.against(COMMITTED / "cpu-bf16-stated.csv", COMMITTED / "cpu-bf16.csv")
+    # the committed results (the cpu profile's summary_mask: stated) against the same seeds trained with the
+    # answer mask alone (experiments/LOG.md, 2026-12-07)
+    systems, ordered = verdict.against(COMMITTED / "cpu.csv", COMMITTED / "cpu-bf16.csv")
     row = systems.set_index(["cell", "system"])
-    # fixed roles' A only drafts and the base never trains: neither reads a summary, so the mask cannot move them
-    assert row.loc[("fixed_roles", "A"), "per seed"] == row.loc[("agon", "base"), "per seed"] == "+0.000 +0.000 +0.000"
+    # a single adapter that never read a summary cannot be moved by the mask: the cells without exchange were
+    # retrained for cpu.csv and equal their answer-mask runs, as do fixed roles' A (it only drafts) and the base
+    unmoved = [("grpo", "grpo"), ("grpo_2n", "grpo"), ("fixed_roles", "A"), ("agon", "base"),
+               *((cell, adapter) for cell in ("comp_no_exchange", "coop_no_exchange") for adapter in "AB")]
+    assert [row.loc[key, "per seed"] for key in unmoved] == ["+0.000 +0.000 +0.000"] * len(unmoved)
+    # ... while their cascades moved: the second stage reads the masked summary at evaluation too
+    assert row.loc[("comp_no_exchange", "cascade_AB"), "per seed"] == "+0.080 -0.025 +0.005"
     assert row.loc[("agon", "cascade_AB"), "per seed"] == "+0.000 -0.070 +0.070"
     assert row.loc[("fixed_roles", "B"), "high"] < 0
     claim = ordered.set_index("claim").loc["Agon above GRPO-2N (compute-matched)"]
     # the same mean as the base over these seeds, but the variant's seeds spread more: not separated
     assert claim["difference"] == pytest.approx(claim["base difference"]) == pytest.approx(-0.1033, abs=1e-4)
     assert claim["low"] < 0 < claim["high"] and claim["base high"] < 0
+
+
+def test_the_committed_results_are_the_cpu_profiles_and_leak_nothing():
+    """The committed results are the main job's: trained with the cpu profile's mask, no training summary of
+    any exchange cell stating the gold (issue 15's leak goal, ≤ 1% in every seed)."""
+    assert load_config("cpu").summary_mask == "stated"
+    report = (COMMITTED / "cpu.md").read_text()
+    section = report.split("## Training leak rate")[1].split("\n## ")[0]
+    lines = [line for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    header, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    table = {row[0]: dict(zip(header, row)) for row in rows}
+    assert set(table) == {"agon", "coop_exchange", "fixed_roles"}
+    for cell, row in table.items():
+        assert row["seeds"] == "3" and row["every seed ≤ 0.01"] == "True", cell
+        assert row["worst step"] == "0.000", cell
 
 
 def test_verdict_out_also_writes_each_systems_mean_over_all_seeds(tmp_path):

@@ -27,7 +27,7 @@ Departures from DESIGN.md §2, all deliberate:
 4. Generation stops at the first complete answer box (``stop_at_answer``, DESIGN.md §2 step 4; with thinking,
    at the first complete box after ``</think>``); the challenger has its own token cap
    (``challenger_max_new_tokens``), and with ``loss_type: dr_grpo`` its loss divides by that cap.
-5. ``summary_mask: derived`` / ``stated`` (off by default) also mask the numbers the question does not state (prompts).
+5. ``summary_mask: derived`` / ``stated`` (``stated``: the cpu profile's) also mask numbers the question does not state.
 
 Grading goes through the graders evaluation uses: reward and accuracy cannot disagree.
 """

@@ -290,10 +290,7 @@ def test_the_committed_results_are_the_cpu_profiles_and_leak_nothing():
     """The committed results are the main job's: trained with the cpu profile's mask, no training summary of
     any exchange cell stating the gold (issue 15's leak goal, ≤ 1% in every seed)."""
     assert load_config("cpu").summary_mask == "stated"
-    report = (COMMITTED / "cpu.md").read_text()
-    section = report.split("## Training leak rate")[1].split("\n## ")[0]
-    lines = [line for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")]
-    header, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    header, *rows = verdict.read_report_table(COMMITTED / "cpu.md", "## Training leak rate")
     table = {row[0]: dict(zip(header, row)) for row in rows}
     assert set(table) == {"agon", "coop_exchange", "fixed_roles"}
     for cell, row in table.items():

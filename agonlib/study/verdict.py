@@ -222,18 +222,24 @@ class ReportError(ValueError):
     """Reports that cannot be judged together: a missing table, a seed twice, a CSV beside another's Markdown."""
 
 
-def read_report_orderings(report_md: str | Path) -> pd.DataFrame:
-    """The orderings table of a results report (``<profile>.md``, written by :mod:`.results`), as written."""
+def read_report_table(report_md: str | Path, heading: str) -> list[list[str]]:
+    """The rows (header first) of the table under the section of a results report starting ``heading``."""
     lines = Path(report_md).read_text().splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith(ORDERINGS_HEADING)), None)
+    start = next((i for i, line in enumerate(lines) if line.startswith(heading)), None)
     if start is None:
-        raise ReportError(f"{report_md} has no section starting {ORDERINGS_HEADING!r}: not a results report.")
+        raise ReportError(f"{report_md} has no section starting {heading!r}: not a results report.")
     rows = []
     for line in lines[start + 1:]:
         if line.startswith("## "):
             break
         if line.startswith("|") and not line.startswith("|---"):
             rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def read_report_orderings(report_md: str | Path) -> pd.DataFrame:
+    """The orderings table of a results report (``<profile>.md``, written by :mod:`.results`), as written."""
+    rows = read_report_table(report_md, ORDERINGS_HEADING)
     if not rows or rows[0] != COLUMNS:
         raise ReportError(f"{report_md}: the orderings table's columns are not {COLUMNS}.")
     return pd.DataFrame(rows[1:], columns=COLUMNS)
@@ -313,14 +319,13 @@ def combine(reports, which=ORDERINGS) -> pd.DataFrame:
     return _table(rows)
 
 
-
 def against(variant_csv: str | Path, base_csv: str | Path, which=ORDERINGS) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A variant (some cells retrained with one setting changed) against the base report of the same seeds.
 
     First table: each (cell, system) of the variant, ``variant − base`` of pass@1 per seed, and the mean
     with its t-interval over the seeds. Second: every ordering over the variant's seeds, with the variant's
-    cells in place of the base's (the other cells stay the base's: the setting must not touch them) beside
-    the base's own. Intervals only: McNemar needs the runs' per-problem outcomes, which reports do not keep.
+    cells in place of the base's (the other cells stay the base's, which is right only where the setting
+    cannot move them: a summary mask moves every cell's cascade) beside the base's own. Intervals only: McNemar needs the runs' per-problem outcomes, which reports do not keep.
     """
     variant = _csv_values(pd.read_csv(variant_csv), Path(variant_csv))
     base = _csv_values(pd.read_csv(base_csv), Path(base_csv))
@@ -344,6 +349,7 @@ def against(variant_csv: str | Path, base_csv: str | Path, which=ORDERINGS) -> t
         rows.append({"claim": ordering.claim, "per seed": _per_seed_text(ordering, mine), **interval(mine),
                      **{f"base {k}": v for k, v in interval(theirs).items()}})
     return systems, pd.DataFrame(rows)
+
 
 LEAK_GOAL = 0.01  # issue 15: a summary should state the gold in at most 1% of training pairs
 

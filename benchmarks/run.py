@@ -3,7 +3,7 @@
 Run from the repo root (about 15 minutes on a 2-core CPU; ``--quick`` about 4)::
 
     python -m benchmarks.run                 # everything, on the cpu profile's model
-    python -m benchmarks.run --only rollout  # one section: rollout, step, rss, grading, load, params
+    python -m benchmarks.run --only rollout  # one section: rollout, step, rss, grading, load, params, ...
 
 Every comparison is measured side by side in the same run, alternating, so a
 busy machine slows both sides alike; the ratios are the result, the absolute
@@ -46,6 +46,9 @@ Sections (issue 7):
   without ``.venv-vllm``.
 - ``vllm_bf16``: the same in bfloat16, vLLM's and ours, where the CPU runs bf16 natively (AVX512-BF16 or AMX;
   skipped elsewhere): the dtype ``dtype: auto`` rolls out in on such a CPU.
+- ``compile`` (opt-in, only when named: ``--only compile``, ~25 minutes here): the update with every decoder
+  layer under ``torch.compile`` against eager, forced Agon steps in three processes (eager, compiled, eager).
+  A probe of a lever agonlib leaves out (``benchmarks/NOTES.md``).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 OUT_JSON, OUT_MD = HERE / "results.json", HERE / "results.md"
 SECTIONS = ("params", "rollout", "step", "rss", "threads", "grading", "load", "vllm", "vllm_bf16")
+OPT_IN = ("compile",)  # run only when named in --only: ~25 minutes here, most of it compiling
 VLLM_PYTHON = HERE.parent / ".venv-vllm" / "bin" / "python"
 VLLM_BATCH, VLLM_TOKENS = 32, 64
 
@@ -295,6 +299,32 @@ def bench_step(args) -> dict:
         out["step_speedup_vs_baseline_per_rep"] = [round(b["warm"]["total_s"] / c["warm"]["total_s"], 2)
                                                    for c, b in zip(of("current", "agon"), of("baseline", "agon"))]
     return out
+
+
+def bench_compile(args) -> dict:
+    """The update under ``torch.compile`` (every decoder layer, dynamic shapes) against eager, same forced steps.
+
+    Three processes of ``args.train_steps`` forced Agon steps each, on the same problems: eager, compiled, eager
+    again (the two eager ones bracket the compiled one in time). A process's first step carries the compiling;
+    ``warm`` is the later steps, each with new problems and so new lengths. Generation is not compiled (the fast
+    decoder does not call the layers); compiling changes the update's float rounding, so it is a probe of the lever,
+    not something agonlib does.
+    """
+    flags = ("--seed", "0", "--steps", str(args.train_steps))
+    runs = []
+    for variant, extra in (("eager", ()), ("compiled", ("--compile",)), ("eager", ())):
+        row = _step_child(HERE.parent, "agon", args, *flags, *extra)
+        runs.append({"variant": variant, "update_s": [s["update_s"] for s in row["steps"]],
+                     "generation_s": [s["generation_s"] for s in row["steps"]], "warm_update_s": row["warm"]["update_s"],
+                     "peak_rss_mib": row["peak_rss_mib"], "dtype": row["dtype"]})
+        print(f"  compile {variant}: update s per step {runs[-1]['update_s']}", flush=True)
+    eager = [r for r in runs if r["variant"] == "eager"]
+    compiled = next(r for r in runs if r["variant"] == "compiled")
+    eager_warm = sum(r["warm_update_s"] for r in eager) / len(eager)
+    eager_first = sum(r["update_s"][0] for r in eager) / len(eager)
+    return {"steps_per_process": args.train_steps, "runs": runs,
+            "warm_update_speedup": round(eager_warm / compiled["warm_update_s"], 3),
+            "first_step_extra_s": round(compiled["update_s"][0] - eager_first, 1)}
 
 
 # --- rss ----------------------------------------------------------------------------------------
@@ -595,6 +625,14 @@ def markdown(results: dict) -> str:
                   f"(vLLM − PEFT, per token, {v['mismatch_A']['logprob_mismatch_tokens']} tokens): mean abs "
                   f"{v['mismatch_A']['logprob_mismatch_abs_mean']:.2e}, max abs "
                   f"{v['mismatch_A']['logprob_mismatch_abs_max']:.2e}."]
+    if "compile" in results:
+        c = results["compile"]
+        heading = (f"## The update under torch.compile (opt-in section; forced Agon steps, {c['steps_per_process']} "
+                   "per process, the same problems in each process; update s per step)")
+        lines += ["", heading, "", "| process | update s, step by step | later steps' mean |", "|---|---|---|"]
+        lines += [f"| {r['variant']} | {', '.join(map(str, r['update_s']))} | {r['warm_update_s']} |" for r in c["runs"]]
+        lines.append(f"\nEager ÷ compiled, later steps: **{c['warm_update_speedup']}×**; the compiled process's first "
+                     f"update took {c['first_step_extra_s']} s more than the eager ones' (compiling).")
     if "grading" in results and results["grading"].get("math"):
         lines += ["", "## Math grading (completions/s)", ""]
         lines += [f"- {row['mode']} (workers {row['workers']}): {row['per_second']}" for row in results["grading"]["math"]]
@@ -625,7 +663,7 @@ def _write(results: dict) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}")
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}; or the opt-in {', '.join(OPT_IN)}")
     parser.add_argument("--quick", action="store_true", help="smaller batches and fewer repetitions")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: agonlib's, every core but one; the step children: 1)")
@@ -662,9 +700,9 @@ def main(argv=None) -> None:
     args.train_steps = args.train_steps or (2 if args.quick else 3)
     args.grading_n = 40 if args.quick else 200
     only = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = sorted(set(only) - set(SECTIONS))
+    unknown = sorted(set(only) - set(SECTIONS) - set(OPT_IN))
     if unknown:
-        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}.")
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS + OPT_IN)}.")
     results = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {}
     here = machine()
     same = ("cpu", "cores", "avx512", "avx512_bf16", "amx", "torch")
@@ -676,7 +714,7 @@ def main(argv=None) -> None:
     results.update({"date": now, "machine": here, "quick": args.quick})
     runners = {"params": bench_params, "rollout": bench_rollout, "step": bench_step, "rss": bench_rss,
                "threads": bench_threads, "grading": bench_grading, "load": bench_load, "vllm": bench_vllm,
-               "vllm_bf16": lambda a: bench_vllm(a, "bfloat16")}
+               "vllm_bf16": lambda a: bench_vllm(a, "bfloat16"), "compile": bench_compile}
     for section in only:
         print(f"[{section}]", flush=True)
         start = time.perf_counter()

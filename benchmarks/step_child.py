@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--uncapped", action="store_true", help="without the profile's micro_batch_tokens")
     parser.add_argument("--micro-batch-tokens", type=int, help="instead of the profile's")
     parser.add_argument("--second-base", action="store_true", help="hold a second base model in private memory")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile every decoder layer (dynamic shapes): the update's forward and backward")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
@@ -66,6 +68,8 @@ def main() -> None:
         with torch.no_grad():
             for p in second.model.parameters():
                 p.data = p.data.clone()
+    if args.compile:
+        compile_layers(policies.model)
     after_load = peak_rss_mib()
     fields = {f.name for f in dataclasses.fields(UpdateConfig)}
     update_cfg = UpdateConfig(**{k: v for k, v in dict(
@@ -87,10 +91,27 @@ def main() -> None:
     warm = {key: round(sum(s[key] for s in later) / len(later), 2)
             for key in ("generation_s", "draft_generation_s", "challenge_generation_s", "update_s", "total_s")}
     print(json.dumps({
-        "kind": args.kind, "uncapped": args.uncapped, "second_base": args.second_base, **first,
+        "kind": args.kind, "uncapped": args.uncapped, "second_base": args.second_base, "compiled": args.compile, **first,
         "dtype": str(policies.dtype).removeprefix("torch."), "after_load_rss_mib": round(after_load, 1),
         "peak_rss_mib": round(peak_rss_mib(), 1), "steps": steps, "warm": warm,
     }))
+
+
+def compile_layers(model) -> None:
+    """``torch.compile`` each decoder layer in place (dynamic shapes), a probe of the lever agonlib leaves out.
+
+    It reaches the training forward and backward only: the rollouts' fast decoder calls the layers' norms and
+    merged weights itself, not the layers. Each layer's index is a guard of the key/value cache, so every layer
+    compiles its own graph: the recompile limits are raised to let all of them (and later shapes) compile rather
+    than fall back to eager after the eighth.
+    """
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for layer in (m for m in inner.modules() if type(m).__name__.endswith("DecoderLayer")):
+        layer.compile(dynamic=True)
 
 
 def one_step(policies, problems, step, cfg, update_cfg, forwards) -> dict:

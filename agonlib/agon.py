@@ -200,7 +200,8 @@ def play_round(policies, problems: list[dict], step: int, config=None, *, progre
     drafter, challenger = roles_for_step(step, config.roles, config.mode)
     G = config.generations_per_problem
     stats = (GenerationStats(), GenerationStats())  # drafts, challenges
-    sampling = dict(thinking=thinking, task=task, max_prompt_tokens=config.max_prompt_tokens, progress=progress)
+    sampling = dict(thinking=thinking, task=task, max_prompt_tokens=config.max_prompt_tokens, progress=progress,
+                    entropy=True)  # the monitoring's token entropy (the same draws either way)
     seeds = lambda role: [sample_seed(config.seed, step, problem_offset + i // G, i % G, role)  # noqa: E731
                           for i in range(len(problems) * G)]
 

@@ -31,8 +31,11 @@ CELLS_FILE = REPO_ROOT / "experiments" / "cells.yaml"
 RUNS_DIR = REPO_ROOT / "experiments" / "runs"
 
 
-#: Evaluation systems (agonlib.evaluation): the base, each adapter, both cascades, untrained MoA, a GRPO adapter.
-EVAL_SYSTEMS = ("base", "A", "B", "cascade_AB", "cascade_BA", "moa", "grpo")
+#: Evaluation systems (agonlib.evaluation): the base, each adapter, both cascades, untrained MoA, a GRPO adapter,
+#: and the cascade's controls (DESIGN.md §2): a GRPO adapter challenging its own summary, the base twice, and
+#: A→B reading a placebo summary.
+EVAL_SYSTEMS = ("base", "A", "B", "cascade_AB", "cascade_BA", "moa", "grpo", "cascade_GG", "cascade_base",
+                "placebo_AB")
 
 
 class ConfigError(ValueError):
@@ -48,6 +51,9 @@ class Config:
     out_dir: str | None = None  # default: experiments/runs/<profile>/<run_name>
     steps: int = 30
     resume: bool = False
+    # Fork start: a trunk run directory (its newest complete checkpoint) or one checkpoint directory. Adapter A
+    # starts as the trunk's adapter A, B as the same plus B's Gaussian init noise (b_init_std); fresh optimizers.
+    init_from: str | None = None
 
     # --- the game (DESIGN.md §2) -------------------------------------------
     mode: str = "agon"  # agon | grpo

@@ -9,7 +9,12 @@ Systems, each on the same problems and the same sampling settings:
   :func:`agonlib.parsing.extract_summary` the trainer uses) and its answer counts;
 * ``moa`` — the untrained Mixture-of-Agents baseline: ``K`` base-model
   proposals, then a base-model aggregator that reads their final texts (final
-  answers included, thinking left out) and answers.
+  answers included, thinking left out) and answers;
+* the cascade's controls (DESIGN.md §2): ``cascade_GG`` — a GRPO run's adapter
+  drafts and then challenges its own summary (equal inference to ``A→B``);
+  ``cascade_base`` — the untrained base in both stages; ``placebo_AB`` — ``A→B``
+  with the summary replaced by :data:`agonlib.prompts.PLACEBO_SUMMARY`'s words,
+  as many as the summary has (the prompt without the information).
 
 The cascade always uses the challenge prompt (exchange), framed by the run's
 ``reward`` (rival or teammate) — also for a run trained without exchange, whose
@@ -40,7 +45,7 @@ from pathlib import Path
 
 from . import prompts
 from .agon import grade
-from .config import RUNS_DIR, Config
+from .config import EVAL_SYSTEMS, RUNS_DIR, Config
 from .data import problems_for
 from .generation import SamplingParams, generate, sample_seed
 from .models import load_policies
@@ -49,8 +54,11 @@ from .runs import latest_adapters, load_run_config
 
 log = logging.getLogger(__name__)
 
-SYSTEMS = ("base", "A", "B", "cascade_AB", "cascade_BA", "moa", "grpo")
+SYSTEMS = EVAL_SYSTEMS
 _ADAPTER = {"base": None, "A": "A", "B": "B", "grpo": "A"}
+#: Two-stage systems: (drafter, challenger) adapters, ``None`` the base; a GRPO run's adapter is ``A``.
+CASCADES = {"cascade_AB": ("A", "B"), "cascade_BA": ("B", "A"), "cascade_GG": ("A", "A"),
+            "cascade_base": (None, None), "placebo_AB": ("A", "B")}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -204,12 +212,14 @@ def run_system(policies, problems: list[dict], system: str, config, *, samples: 
     spent = [0] * n_items
     if system in _ADAPTER:
         final = single(_ADAPTER[system])
-    elif system.startswith("cascade_"):
-        first, second = system[-2], system[-1]
+    elif system in CASCADES:
+        first, second = CASCADES[system]
         drafts = single(first)
         spent = [d.length for d in drafts]
         summaries = [prompts.challenge_summary(d.summary, p["question"], config)
                      for p, d in zip(paired_problems, drafts)]
+        if system.startswith("placebo_"):
+            summaries = [prompts.placebo_summary(s) for s in summaries]
         challenge_text, _ = prompts.challenge_texts(policies.tokenizer, [p["question"] for p in paired_problems],
                                                     summaries, config.reward, task, config.thinking,
                                                     config.max_prompt_tokens)
@@ -268,7 +278,8 @@ def disagreement(answers_a: list, answers_b: list) -> float:
 
 
 #: Paired comparisons made whenever both systems are evaluated: (second, first) — does the second fix the first?
-COMPARISONS = (("cascade_AB", "A"), ("cascade_BA", "B"), ("A", "base"), ("B", "base"), ("grpo", "base"))
+COMPARISONS = (("cascade_AB", "A"), ("cascade_BA", "B"), ("A", "base"), ("B", "base"), ("grpo", "base"),
+               ("cascade_GG", "grpo"), ("cascade_base", "base"), ("cascade_AB", "placebo_AB"))
 
 
 def greedy_disagreement(policies, problems: list[dict], config, backend=None) -> float:
@@ -297,13 +308,39 @@ def evaluate_policies(policies, problems: list[dict], config, systems=None, *, s
     raw = {s: run_system(policies, problems, s, config, samples=samples, seed=config.seed, progress=progress,
                          backend=backend, solo=solo) for s in systems}
     out = {s: summarize(r, config.pass_k) for s, r in raw.items()}
+    levels = [p.get("difficulty") for p in problems]
     for s, r in raw.items():
         out[s]["final_len_distribution"] = r["final_lens"]
+        if len(set(levels)) > 1:  # a mix of levels: pass@1 of each
+            out[s]["pass@1_by_level"] = {str(level): statistics.fmean(
+                statistics.fmean(c) for c, lv in zip(r["correct"], levels) if lv == level)
+                for level in sorted(set(levels), key=str)}
     out["comparisons"] = {f"{second} vs {first}": paired(out[first]["correct"], out[second]["correct"], samples)
                           for second, first in COMPARISONS if first in out and second in out}
     if "A" in raw and "B" in raw:
         out["A_B_disagreement"] = greedy_disagreement(policies, problems, config, backend)
     return out
+
+
+#: What a GRPO run (one adapter) can evaluate: its adapter, the base, and cascades of those alone.
+ONE_ADAPTER_SYSTEMS = ("grpo", "base", "cascade_GG", "cascade_base")
+
+
+def periodic_systems(config) -> tuple[str, ...]:
+    """The periodic evaluation's systems: ``eval_systems``; a GRPO run's adapter and those it can run."""
+    if config.mode != "grpo":
+        return tuple(config.eval_systems)
+    return ("grpo", *[s for s in config.eval_systems if s in ONE_ADAPTER_SYSTEMS and s != "grpo"])
+
+
+def flat_row(result: dict, systems) -> dict:
+    """An evaluation as one flat ``eval.jsonl`` row: ``<system>/pass@1`` (and per level), lengths, disagreement."""
+    row = {f"{system}/{key}": result[system][key] for system in systems
+           for key in ("pass@1", "mean_final_len", "tokens_per_problem")}
+    row.update({f"{system}/pass@1_L{level}": value for system in systems
+                for level, value in result[system].get("pass@1_by_level", {}).items()})
+    row.update({key: result[key] for key in ("A_B_disagreement",) if key in result})
+    return row
 
 
 def evaluate(run_dir_or_config, systems=None, *, n_problems: int | None = None, samples: int | None = None,

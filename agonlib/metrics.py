@@ -52,11 +52,13 @@ class PairStats:
 
     - ``conversion_rate = conversions / n_pairs`` and ``regression_rate =
       regressions / n_pairs`` — over *all* pairs, so they are comparable
-      across steps whatever the drafter's accuracy; the trainer logs these.
+      across steps whatever the drafter's accuracy.
     - ``conversion_rate_given_wrong = conversions / n_drafter_wrong`` — of the
       drafts that failed, how many the challenger fixed.
     - ``regression_rate_given_right = regressions / n_drafter_right`` — of the
-      drafts that succeeded, how many the challenger broke.
+      drafts that succeeded, how many the challenger broke. The trainer logs
+      all four; the conditional two are the ones that say whether a challenger
+      checks (fixes wrong drafts, keeps right ones) whatever the drafter's accuracy.
     - ``tiebreak_rate = tiebreaks / n_both_right`` — of the pairs where both
       were right, how often the challenger was shorter.
     """
@@ -112,12 +114,35 @@ def pair_stats(c_a: Sequence, c_b: Sequence, len_a: Sequence | None = None,
     )
 
 
+def mean_token_entropy(rollouts) -> float | None:
+    """Nats per sampled token over ``rollouts`` (token-weighted), or ``None`` where the engine measured none."""
+    if not rollouts or any("entropy_sum" not in r.extra for r in rollouts):
+        return None
+    tokens = sum(r.length for r in rollouts)
+    return sum(r.extra["entropy_sum"] for r in rollouts) / tokens if tokens else float("nan")
+
+
+def distinct_answers(answers: Sequence, group: int) -> float:
+    """Mean over groups of ``group`` consecutive rollouts of how many distinct boxed answers each has.
+
+    An unboxed rollout (``None``) is no answer. A group that collapsed onto one answer scores 1.
+
+    >>> distinct_answers(["7", "7", "9", None, "3", "3", "3", "3"], group=4)
+    1.5
+    """
+    groups = [answers[i : i + group] for i in range(0, len(answers), group)]
+    return statistics.fmean(len({a for a in g if a is not None}) for g in groups) if groups else float("nan")
+
+
 def role_metrics(role: str, rollouts, correct: list[int], parts, group: int,
                   generation) -> dict:
     totals = [p.total for p in parts]
     lengths = [r.length for r in rollouts]
     groups = [totals[i : i + group] for i in range(0, len(totals), group)]
+    entropy = mean_token_entropy(rollouts)
     return {
+        **({f"{role}/entropy": entropy} if entropy is not None else {}),
+        f"{role}/distinct_answers": distinct_answers([r.answer for r in rollouts], group),
         f"{role}/reward_mean": statistics.fmean(totals),
         f"{role}/reward_std": statistics.pstdev(totals),
         f"{role}/accuracy": statistics.fmean(correct),

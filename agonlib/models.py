@@ -377,14 +377,20 @@ def attach_adapters(model, config: Config, adapters: tuple[str, ...] = ADAPTERS)
         peft_model = get_peft_model(model, lora, adapter_name="A")
         if "B" in adapters:
             peft_model.add_adapter("B", lora)
-    gen = torch.Generator().manual_seed(config.seed + 1)
     with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if ".B." in name and "lora_" in name and not param.is_meta:
-                noise = torch.randn(param.shape, generator=gen, dtype=torch.float32) * config.b_init_std
-                param.copy_(noise.to(param.dtype))
+        for param, noise in init_noise(peft_model, config):
+            param.copy_(noise.to(param.dtype))
     peft_model.set_adapter("A")
     return peft_model
+
+
+def init_noise(model, config: Config):
+    """``(parameter, noise)`` for each LoRA matrix of adapter ``B``: its Gaussian init (``b_init_std``),
+    drawn from a generator seeded by ``config.seed + 1`` — the same draws at init and at a fork start."""
+    gen = torch.Generator().manual_seed(config.seed + 1)
+    for name, param in model.named_parameters():
+        if ".B." in name and "lora_" in name and not param.is_meta:
+            yield param, torch.randn(param.shape, generator=gen, dtype=torch.float32) * config.b_init_std
 
 
 def adapter_params(model, name: str) -> list[torch.nn.Parameter]:
@@ -501,11 +507,12 @@ class Policies:
         # PEFT writes a non-default adapter into a subfolder named after it.
         return Path(directory) / name
 
-    def load_adapter(self, name: str, directory: str | Path) -> None:
-        """Load weights saved by :meth:`save_adapter` into the existing adapter ``name``."""
-        path = Path(directory) / name / "adapter_model.safetensors"
+    def load_adapter(self, name: str, directory: str | Path, source: str | None = None) -> None:
+        """Load weights saved by :meth:`save_adapter` into the existing adapter ``name`` (from the saved
+        adapter ``source``, default ``name``: a fork start loads a trunk's ``A`` into ``B`` too)."""
+        path = Path(directory) / (source or name) / "adapter_model.safetensors"
         if not path.exists():
-            raise FileNotFoundError(f"No saved adapter {name!r} at {path}.")
+            raise FileNotFoundError(f"No saved adapter {source or name!r} at {path}.")
         state = load_file(str(path), device=str(self.device))
         result = set_peft_model_state_dict(self.model, state, adapter_name=name)
         missing = [k for k in result.missing_keys if "lora_" in k and f".{name}." in k]

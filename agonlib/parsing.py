@@ -183,16 +183,53 @@ def remove_final_answer_statements(text: str) -> str:
 _TOKEN_START, _TOKEN_END = r"(?<![\w.])", r"(?![\w]|\.\d)"
 
 
+# English number words, 0-999 ("seven", "Twenty-one", "one hundred and five"): a model that writes its
+# result in words states it as surely as in digits. Longest alternatives first, so "seventeen" is not "seven".
+_UNITS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+          "sixteen seventeen eighteen nineteen").split()
+_TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+_BELOW_100 = (rf"(?:(?:{'|'.join(_TENS)})(?:[- ](?:{'|'.join(_UNITS[9:0:-1])}))?"
+              rf"|{'|'.join(sorted(_UNITS, key=len, reverse=True))})")
+_NUMBER_WORD = re.compile(rf"\b(?:(?:{'|'.join(_UNITS[9:0:-1])}) hundred(?:(?: and)? {_BELOW_100})?|{_BELOW_100})\b",
+                          re.IGNORECASE)
+
+
+def number_word_value(words: str) -> int | None:
+    """The value of an English number word or phrase, or ``None``.
+
+    >>> number_word_value("Seven"), number_word_value("twenty-one"), number_word_value("one hundred and five")
+    (7, 21, 105)
+    """
+    if not _NUMBER_WORD.fullmatch(words.strip()):
+        return None
+    total = 0
+    for word in re.split(r"[- ]+", words.strip().lower()):
+        if word == "hundred":
+            total *= 100
+        elif word in _UNITS:
+            total += _UNITS.index(word)
+        elif word in _TENS:
+            total += 20 + 10 * _TENS.index(word)
+    return total
+
+
 def mask_answer(text: str, answer: str | None) -> str:
     """Mask whole-token occurrences of ``answer``: ``2+2=4`` → ``2+2=[…]``, ``40`` stays.
 
     A match may not touch a letter, digit, underscore or a decimal point that
     continues a number, so ``4`` is masked in ``is 4.`` but not in ``4.5`` or ``x4``.
+    A whole-number answer is masked in words too (``seven``, ``Twenty-one``).
+
+    >>> mask_answer("There are seven marbles, 7 in all", "7")
+    'There are […] marbles, […] in all'
     """
     answer = (answer or "").strip()
     if not answer:
         return text
-    return re.sub(_TOKEN_START + re.escape(answer) + _TOKEN_END, MASK, text)
+    text = re.sub(_TOKEN_START + re.escape(answer) + _TOKEN_END, MASK, text)
+    if answer.isdigit():
+        text = _NUMBER_WORD.sub(lambda m: MASK if number_word_value(m.group()) == int(answer) else m.group(), text)
+    return text
 
 
 _NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*(?:/\d+)?")
@@ -212,13 +249,22 @@ def fallback_answer(text: str) -> str | None:
 
 
 _WHOLE_NUMBER = re.compile(_TOKEN_START + _NUMBER.pattern + _TOKEN_END)
+# A number as the derived masks read it: in digits, or in words (counted as its digits).
+_ANY_NUMBER = re.compile(f"{_WHOLE_NUMBER.pattern}|{_NUMBER_WORD.pattern}", re.IGNORECASE)
+
+
+def _number_key(token: str) -> str:
+    """``"-5"`` → ``"5"``, ``"Seven"`` → ``"7"``: digits and words of one value count as one number."""
+    value = number_word_value(token)
+    return str(value) if value is not None else token.lstrip("-")
 
 
 def mask_derived_numbers(summary: str, question: str, capped: bool = False) -> str:
     """Mask every whole-token number of ``summary`` that ``question`` does not state (``summary_mask: derived``).
 
     What is left is the draft's method over the question's own numbers: a wrong draft that reached the
-    gold on the way (``10 - 4 = 6 … 10 + 6 = 16``) can no longer hand it to the challenger.
+    gold on the way (``10 - 4 = 6 … 10 + 6 = 16``) can no longer hand it to the challenger. Numbers in
+    words count as their digits, in the summary and in the question (``seven`` is ``7``).
 
     ``capped`` (``summary_mask: stated``) also keeps each of the question's numbers at most as often as the
     question states it as a whole token (the first occurrences), so a result that happens to equal one of
@@ -230,20 +276,23 @@ def mask_derived_numbers(summary: str, question: str, capped: bool = False) -> s
     'She has 10 - 4 = […], then […] + 10 = […] pens.'
     >>> mask_derived_numbers("2 - 1 = 1 egg left", "Mia has 2 eggs and uses 1.", capped=True)
     '2 - 1 = […] egg left'
+    >>> mask_derived_numbers("Ten minus three leaves seven.", "Ana has 10 pens and loses 3.")
+    'Ten minus three leaves […].'
     """
     if capped:
-        left = Counter(n.lstrip("-") for n in _WHOLE_NUMBER.findall(question))
+        left = Counter(_number_key(n) for n in _ANY_NUMBER.findall(question))
     else:
-        left = Counter({n.lstrip("-"): math.inf for n in _NUMBER.findall(question)})
+        stated = _NUMBER.findall(question) + _NUMBER_WORD.findall(question)
+        left = Counter({_number_key(n): math.inf for n in stated})
 
     def keep(m: re.Match) -> str:
-        number = m.group().lstrip("-")
+        number = _number_key(m.group())
         if left[number] <= 0:
             return MASK
         left[number] -= 1
         return m.group()
 
-    return _WHOLE_NUMBER.sub(keep, summary)
+    return _ANY_NUMBER.sub(keep, summary)
 
 
 def _tidy(text: str) -> str:

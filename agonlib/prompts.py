@@ -143,6 +143,20 @@ def challenge_summary(summary: str, question: str, config) -> str:
     return summary
 
 
+#: What a placebo cascade's challenger reads instead of the draft's summary: no information about the draft.
+PLACEBO_SUMMARY = "I read the problem carefully and worked through it one step at a time before answering."
+
+
+def placebo_summary(summary: str) -> str:
+    """:data:`PLACEBO_SUMMARY`'s words, repeated or cut to as many words as ``summary`` has.
+
+    >>> placebo_summary("Add 3 and 4 to get […].")
+    'I read the problem carefully and worked'
+    """
+    words, filler = len(summary.split()), PLACEBO_SUMMARY.split()
+    return " ".join(filler[i % len(filler)] for i in range(words))
+
+
 def moa_prompt(question: str, proposals: list[str], task: str = "math") -> list[dict]:
     """The untrained Mixture-of-Agents aggregator: the problem and all ``K`` proposals."""
     blocks = "\n\n".join(f"--- solution {k + 1} ---\n{p.strip() or '(empty)'}" for k, p in enumerate(proposals))

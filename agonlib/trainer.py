@@ -1,17 +1,12 @@
 """The trainer: the loop, periodic evaluation, checkpoints and resume — for every run.
 
-Each step takes ``P`` problems (epochs of seeded shuffles) and calls
-:func:`agonlib.agon.agon_step` (the method: round, rewards, per-role updates).
-Outputs under ``config.run_dir`` (``agonlib.runs``): ``config.json``,
-``metrics.jsonl``, ``rollouts.jsonl`` every ``log_rollouts_every`` steps,
-``eval.jsonl`` every ``eval_every`` steps (the ``eval_systems`` on the first
-``eval_problems`` held-out problems; 0: off) and checkpoints (both adapters,
-optimizer and loss-scaler states, RNG states) every ``checkpoint_every`` steps
-and at the end, written atomically. ``resume`` continues from the newest
-complete checkpoint and replays exactly the stream an uninterrupted run sees:
-sampling seeds come from ``(seed, step, problem, sample)`` and the data order
-from ``(seed, epoch)``. Under ``accelerate launch`` / ``torchrun`` the step runs
-data-parallel (``agonlib.distributed``); otherwise its one-process stand-in does nothing.
+Each step takes ``P`` problems (epochs of seeded shuffles) and calls :func:`agonlib.agon.agon_step`.
+Outputs under ``config.run_dir`` (the files of :mod:`agonlib.runs`), checkpoints every
+``checkpoint_every`` steps and at the end, written atomically. ``resume`` continues from the newest
+complete checkpoint and replays the stream an uninterrupted run sees (seeds from ``(seed, step, problem,
+sample)``, data order from ``(seed, epoch)``), never under another dtype; each start or resume appends its
+machine to ``segments.jsonl``. ``init_from`` starts from a trunk's checkpoint (DESIGN.md §9). Under
+``accelerate launch`` / ``torchrun`` the step runs data-parallel (``agonlib.distributed``).
 """
 
 from __future__ import annotations
@@ -28,13 +23,14 @@ from .agon import Round, agon_step
 from .config import Config
 from .data import problems_for
 from .distributed import DataParallel, SingleProcess
-from .evaluation import evaluate_policies
+from .evaluation import evaluate_policies, flat_row, periodic_systems
 from .generation.backends import gpu_setting, select_backend
 from .grpo import UpdateConfig
 from .metrics import rollout_record
 from .models import adapter_divergence, enable_gradient_checkpointing, load_policies
-from .runs import (JSONL_FILES, CheckpointError, append_jsonl, complete_checkpoints, truncate_jsonl,
-                   write_checkpoint, write_run_config)
+from .runs import (JSONL_FILES, CheckpointError, append_jsonl, append_segment, check_resume_dtype, complete_checkpoints,
+                   fork_start, recorded_run_info, truncate_jsonl, unusable_checkpoint, write_checkpoint,
+                   write_run_config)
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +97,13 @@ class Trainer:
         elif (self.run_dir / "metrics.jsonl").exists():
             raise FileExistsError(f"{self.run_dir} already holds a run. Pass resume=true to continue it, "
                                   "or choose another out_dir / run_name.")
+        fork = cfg.init_from and (fork_start(self.policies, cfg.init_from, self.adapters, cfg) if self.step == 0
+                                  else recorded_run_info(self.run_dir).get("fork"))  # a resumed fork: its own
         if self.is_main:
             generation = {"backend": self.backend.name, "engine": getattr(self.backend, "engine_kind", None),
                           "data_parallel_processes": self.dp.world}
-            write_run_config(cfg, self.run_dir, self.policies, generation=generation)
+            write_run_config(cfg, self.run_dir, self.policies, generation=generation, fork=fork or None)
+            append_segment(self.run_dir, self.step, self.policies)
         bar = tqdm(range(self.step + 1, cfg.steps + 1), desc=f"{cfg.run_name} ({cfg.profile})",
                    disable=not self.progress, initial=self.step, total=cfg.steps)
         for step in bar:
@@ -129,13 +128,11 @@ class Trainer:
         cfg = self.config
         if self.test_problems is None:
             self.test_problems = problems_for(cfg, "test")[: cfg.eval_problems]
-        systems = ("grpo",) if cfg.mode == "grpo" else tuple(cfg.eval_systems)
+        systems = periodic_systems(cfg)
         start = time.perf_counter()
         result = evaluate_policies(self.policies, self.test_problems, cfg, systems, samples=1, progress=False,
                                    backend=self.backend)
-        row = {"step": step, **{f"{system}/{key}": result[system][key] for system in systems
-                                for key in ("pass@1", "mean_final_len", "tokens_per_problem")}}
-        row.update({key: result[key] for key in ("A_B_disagreement",) if key in result})
+        row = {"step": step, **flat_row(result, systems)}
         if cfg.mode != "grpo":
             row["A_B_weight_divergence"] = adapter_divergence(self.policies.model)["mean_rel_frobenius"]
         row["n_problems"] = len(self.test_problems)
@@ -151,13 +148,18 @@ class Trainer:
         state = {"step": self.step, "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
                  "scalers": {name: scaler.state_dict() for name, scaler in self.scalers.items()},
                  "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
-                 "data_position": self.step * self.config.problems_per_step, "config": self.config.to_dict()}
+                 "data_position": self.step * self.config.problems_per_step, "config": self.config.to_dict(),
+                 "dtype": str(self.policies.dtype), "device": str(self.policies.device)}
         return write_checkpoint(self.run_dir, self.step, state,
                                 lambda folder: [self.policies.save_adapter(name, folder) for name in self.adapters])
 
     def load_checkpoint(self, path: Path) -> None:
         try:
             state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+        except Exception as err:  # noqa: BLE001 — any failure here means the checkpoint is unusable
+            raise unusable_checkpoint(self.run_dir, path, err) from None
+        check_resume_dtype(path, state, self.policies, self.config)
+        try:
             for name in self.adapters:
                 self.policies.load_adapter(name, path / "adapters")
             for name, opt in self.optimizers.items():
@@ -165,10 +167,7 @@ class Trainer:
             for name, scaler in self.scalers.items():
                 scaler.load_state_dict(state["scalers"][name])
         except Exception as err:  # noqa: BLE001 — any failure here means the checkpoint is unusable
-            older = [p.name for p in complete_checkpoints(self.run_dir) if p != path]
-            way_out = (f"Delete it to resume from {older[-1]}." if older else "No older checkpoint exists.")
-            raise CheckpointError(f"Checkpoint {path} cannot be loaded ({type(err).__name__}: {err}). "
-                                  f"{way_out}") from None
+            raise unusable_checkpoint(self.run_dir, path, err) from None
         saved = state.get("config", {})
         changed = sorted(k for k, v in self.config.to_dict().items()
                          if k in saved and saved[k] != v and k not in self.RESUMABLE_CHANGES)

@@ -357,6 +357,9 @@ def test_trainer_step_is_the_same_through_either_backend(policies, engine, tmp_p
     mismatch = {k: rows["vllm"].pop(k) for k in list(rows["vllm"]) if "logprob_mismatch" in k}
     assert mismatch["drafter/logprob_mismatch_abs_mean"] < 1e-4
     assert mismatch["challenger/logprob_mismatch_abs_mean"] < 1e-4
+    # Token entropy comes from agonlib's decode loop only: vLLM returns no distributions.
+    entropy = {k: rows["transformers"].pop(k) for k in ("drafter/entropy", "challenger/entropy")}
+    assert all(v > 0 for v in entropy.values()) and "drafter/entropy" not in rows["vllm"]
     same = lambda row: {k: v for k, v in row.items() if not (k.startswith("time/") or k.endswith("_s"))}  # noqa: E731
     assert same(rows["vllm"]) == same(rows["transformers"])
     assert all(torch.equal(rows["vllm/weights"][n], rows["transformers/weights"][n]) for n in start)

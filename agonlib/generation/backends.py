@@ -313,7 +313,8 @@ class VLLMBackend:
 
     def generate(self, prompts, adapter, seeds, params=None, *, batch_size=None, thinking=None, task=None,
                  max_prompt_tokens=None, stop_at_answer=None, desc="", progress=True,
-                 stats: GenerationStats | None = None):
+                 stats: GenerationStats | None = None, entropy: bool = False):
+        # ``entropy`` is agonlib's decode loop's: vLLM returns no distributions, so no entropy is measured.
         # vLLM cannot stop at a balanced box; its completions are trimmed by the transformers path's rule.
         job = Settings.resolve(self.policies, prompts, seeds, params, thinking, task, max_prompt_tokens,
                                stop_at_answer)

@@ -22,14 +22,15 @@ import torch
 from tqdm.auto import tqdm
 
 from .layout import left_padded, prompt_layout
-from .sampling import SamplingParams, draw
+from .sampling import SamplingParams, draw, token_entropy
 from .stops import AnswerStop
 
 
 @torch.no_grad()
 def decode_batch(engine, prompt_ids: list[list[int]], seeds, params: SamplingParams, stop_ids: list[int],
                  pad_id: int, rows=None, *, answer_stop: AnswerStop | None = None, evict_at: float | None = None,
-                 share_prefixes: bool = True, desc: str = "", progress: bool = False) -> torch.Tensor:
+                 share_prefixes: bool = True, desc: str = "", progress: bool = False,
+                 entropy: torch.Tensor | None = None) -> torch.Tensor:
     """Decode one completion per seed; returns the drawn tokens ``(B, T_new)``, padded with ``pad_id``.
 
     ``prompt_ids`` holds ``U`` distinct prompts; ``rows[i]`` is the prompt of
@@ -58,6 +59,8 @@ def decode_batch(engine, prompt_ids: list[list[int]], seeds, params: SamplingPar
     for t in tqdm(range(params.max_new_tokens), desc=desc or "generate", leave=False, disable=not progress):
         idx = running.nonzero().squeeze(1)
         token = draw(logits[idx], params, [generators[i] for i in live[idx].tolist()])  # (b_running,)
+        if entropy is not None:
+            entropy[live[idx]] += token_entropy(logits[idx], params)
         tokens[live[idx], t] = token
         steps = t + 1
         running[idx[torch.isin(token, stops)]] = False

@@ -116,13 +116,15 @@ def rows_that_fit(policies, sequence_length: int, requested: int) -> int:
 def generate(policies, prompts: list[str], adapter: str | None, seeds: list[int],
              params: SamplingParams | None = None, *, batch_size: int = 64, thinking: bool | None = None,
              task: str | None = None, max_prompt_tokens: int | None = None, stop_at_answer: bool | None = None,
-             desc: str = "", progress: bool = True, stats: GenerationStats | None = None) -> list[Rollout]:
+             desc: str = "", progress: bool = True, stats: GenerationStats | None = None,
+             entropy: bool = False) -> list[Rollout]:
     """One completion per (prompt, seed) under ``adapter`` (``None`` = the frozen base).
 
     ``prompts`` are rendered chat prompts (see :func:`agonlib.prompts.render`);
     repeat a prompt with different seeds for ``N`` generations. ``stop_at_answer``
     (default: the config's, math tasks only) ends a completion at its first
-    complete answer box (:mod:`agonlib.generation.stops`).
+    complete answer box (:mod:`agonlib.generation.stops`). ``entropy``: each Rollout's
+    ``extra["entropy_sum"]`` is the summed entropy (nats) of the distributions its tokens were drawn from.
     """
     job = Settings.resolve(policies, prompts, seeds, params, thinking, task, max_prompt_tokens, stop_at_answer)
     tok, stop_ids = policies.tokenizer, policies.stop_token_ids
@@ -135,11 +137,13 @@ def generate(policies, prompts: list[str], adapter: str | None, seeds: list[int]
         chunk, chunk_seeds = prompts[lo : lo + batch_size], seeds[lo : lo + batch_size]
         unique, rows = distinct(chunk)  # each distinct prompt prefilled once
         ids = cut_left(tok(unique, add_special_tokens=False)["input_ids"], job.max_prompt_tokens, stats)
+        sums = torch.zeros(len(chunk), dtype=torch.float64, device=policies.device) if entropy else None
         with engine.active():
             new = decode_batch(engine, ids, chunk_seeds, job.params, stop_ids, tok.pad_token_id, rows=rows,
-                               answer_stop=job.answer_stop)
+                               answer_stop=job.answer_stop, entropy=sums)
         for i, (prompt, seed) in enumerate(zip(chunk, chunk_seeds)):
-            rollouts.append(job.rollout(tok, prompt, ids[rows[i]], new[i].tolist(), seed, stop_ids))
+            extra = {"entropy_sum": float(sums[i])} if entropy else None
+            rollouts.append(job.rollout(tok, prompt, ids[rows[i]], new[i].tolist(), seed, stop_ids, extra))
             if stats is not None:
                 stats.tokens += rollouts[-1].length
         if stats is not None:

@@ -56,6 +56,15 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits
 
 
+def token_entropy(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Entropy in nats of the distribution each row of ``(B, V)`` logits is sampled from (after
+    :func:`warp_logits`); ``(B,)`` float64. Greedy decoding has none: zeros."""
+    if params.temperature == 0:
+        return torch.zeros(len(logits), dtype=torch.float64, device=logits.device)
+    probs = warp_logits(logits.float(), params).softmax(-1)  # (B, V)
+    return torch.special.entr(probs).sum(-1).double()  # entr(0) = 0: removed tokens add nothing
+
+
 def draw(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]) -> torch.Tensor:
     """One token per row of ``(B, V)`` logits, row ``i`` drawn with ``generators[i]``; returns ``(B,)``.
 

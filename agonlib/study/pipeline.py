@@ -44,7 +44,8 @@ from ..config import Config, ConfigError, load_config
 from ..data import problems_for
 from ..evaluation import default_systems, evaluate
 from ..models import load_policies, pick_device, resolved_dtype, usable_cores, use_unsloth
-from ..runs import last_checkpoint_step, last_logged_step, latest_adapters, load_run_config, read_jsonl, recorded_config
+from ..runs import (last_checkpoint_step, last_logged_step, latest_adapters, load_run_config, read_jsonl,
+                    recorded_config, recorded_run_info)
 from ..trainer import Trainer, train
 from .paths import output_paths
 from .results import collect, report
@@ -82,13 +83,20 @@ def cell_config(profile: str, cell: str, *, seed: int = 0, steps: int | None = N
 def settings_changed(config: Config) -> dict:
     """``{key: (recorded, requested)}`` where a run directory's ``config.json`` differs from ``config``.
 
-    Keys a resumed run may change (``steps``, schedules, ``out_dir``) do not count.
+    Keys a resumed run may change (``steps``, schedules, ``out_dir``) do not count; the dtype the run was
+    trained in does (``dtype: auto`` resolves to bf16 on some CPUs and fp32 on others), as ``dtype (resolved)``.
     """
     recorded = recorded_config(config.run_dir)
     if recorded is None:
         return {}
-    return {k: (recorded[k], v) for k, v in config.to_dict().items()
-            if k in recorded and recorded[k] != v and k not in Trainer.RESUMABLE_CHANGES}
+    changed = {k: (recorded[k], v) for k, v in config.to_dict().items()
+               if k in recorded and recorded[k] != v and k not in Trainer.RESUMABLE_CHANGES}
+    model = recorded_run_info(config.run_dir).get("model") or {}
+    trained_in = model.get("dtype", "").removeprefix("torch.")
+    # With transformers the weights load in the resolved dtype; Unsloth may load another (the trainer checks).
+    if trained_in and model.get("model_loader") == "transformers" and trained_in != resolved_dtype(config):
+        changed["dtype (resolved)"] = (trained_in, resolved_dtype(config))
+    return changed
 
 
 def training_status(config: Config) -> tuple[str, int]:
@@ -122,8 +130,10 @@ def train_cell(profile: str, cell: str, *, seed: int = 0, steps: int | None = No
     changed = settings_changed(config)
     if changed:
         diff = ", ".join(f"{k}: {old!r} → {new!r}" for k, (old, new) in sorted(changed.items()))
+        pin = (f" To resume it here, pin its dtype: dtype={changed['dtype (resolved)'][0]}."
+               if "dtype (resolved)" in changed else "")
         raise ConfigError(f"{run_dir} holds a run trained with other settings ({diff}). Delete or move it, "
-                          "or pass force=True (python -m agonlib reproduce --force) to retrain from scratch.")
+                          f"or pass force=True (python -m agonlib reproduce --force) to retrain from scratch.{pin}")
     status, step = training_status(config)
     if status == "done":
         print(f"{config.run_name}: already trained ({config.steps} steps) in {run_dir}; skipped "

@@ -17,6 +17,7 @@ from agonlib.parsing import MASK, mask_answer, mask_derived_numbers, number_word
 from agonlib.runs import CheckpointError, fork_start, read_jsonl
 from agonlib.study import pipeline
 from agonlib.trainer import Trainer, train
+from test_evaluate import WordTokenizer  # the word-per-token stand-in of the cascade tests
 
 
 def _hash_grade(rollouts, problems, config):
@@ -189,17 +190,6 @@ class Scripted:
     def __call__(self, policies, prompt_texts, adapter, seeds, **kw):
         self.calls.append({"adapter": adapter, "prompts": list(prompt_texts), "seeds": list(seeds)})
         return [_rollout(self.text) for _ in prompt_texts]
-
-
-class WordTokenizer:
-    def apply_chat_template(self, messages, **kw):
-        return json.dumps(messages)
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": text.split()}
-
-    def decode(self, ids):
-        return " ".join(ids)
 
 
 PROBLEMS = [{"question": "Ann has 3 pens and buys 4. How many?", "answer": "7"}]
